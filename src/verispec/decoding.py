@@ -1,0 +1,232 @@
+"""The one decoding loop. Plain decoding is this loop with no drafter; every drafter plugs into it.
+
+Invariant between steps: ``tokens`` holds every committed token; the target's KV cache holds all
+of them except the last, which the next target call feeds together with the drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Iterator, Sequence
+
+import torch
+
+from verispec.acceptance import ExactRule, greedy_verify
+from verispec.drafters.base import DraftContext, Drafter, Proposal
+from verispec.errors import VerispecError
+from verispec.sampling import SamplingConfig, logits_to_probs
+from verispec.stats import GenerationStats
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What one decoding step committed."""
+
+    token_ids: list[int]
+    text: str  # the new text ("" without a tokenizer)
+    drafted: int
+    accepted: int
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    token_ids: list[int]  # new tokens only (an EOS that ended the run included)
+    text: str | None
+    finish_reason: str  # "eos", "length" or "stop"
+    stats: GenerationStats
+    prompt_ids: list[int]
+
+
+def encode_prompt(model: Any, prompt: str, chat: bool = False) -> list[int]:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None:
+        raise VerispecError("this model has no tokenizer: pass input_ids instead of a text prompt")
+    if chat:
+        if not getattr(tokenizer, "chat_template", None):
+            raise VerispecError("this model's tokenizer has no chat template; drop --chat")
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+    return list(tokenizer.encode(prompt))
+
+
+def eos_ids(model: Any) -> set[int]:
+    ids = set(model.config.eos_token_ids)
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+class _Text:
+    """Incremental detokenisation and stop-string detection."""
+
+    def __init__(self, tokenizer: Any, stop: Sequence[str]) -> None:
+        self.tokenizer, self.stop = tokenizer, list(stop)
+        self.ids: list[int] = []
+        self.emitted = ""
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def hits_stop(self, token: int) -> bool:
+        """Add ``token``; True when a stop string now appears in the output."""
+        self.ids.append(token)
+        if not self.stop:
+            return False
+        tail = self.decode(self.ids[-(max(map(len, self.stop)) + 8):])
+        return any(s in tail for s in self.stop)
+
+    def full(self) -> str:
+        text = self.decode(self.ids)
+        cuts = [text.find(s) for s in self.stop if s in text]
+        return text[: min(cuts)] if cuts else text
+
+    def delta(self) -> str:
+        text = self.full()
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+            return ""
+        new, self.emitted = text[len(self.emitted):], text
+        return new
+
+
+class Generation:
+    """A decoding run: iterate it for ``Step`` records (streaming), then call ``result()``."""
+
+    def __init__(self, model: Any, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
+                 max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
+                 drafter: Drafter | None = None, stop: Sequence[str] | str | None = None,
+                 chat: bool = False, acceptance: Any = None) -> None:
+        self.model, self.drafter = model, drafter
+        self.acceptance = acceptance or ExactRule()
+        self.sampling = sampling or SamplingConfig()
+        if not isinstance(self.sampling, SamplingConfig):
+            raise VerispecError("sampling must be a verispec.SamplingConfig")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise VerispecError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        self.max_new_tokens = max_new_tokens
+        self.prompt_ids = self._prompt_ids(prompt, input_ids, chat)
+        stop = [stop] if isinstance(stop, str) else list(stop or [])
+        if any(not s for s in stop):
+            raise VerispecError("stop strings must be non-empty")
+        if stop and getattr(model, "tokenizer", None) is None:
+            raise VerispecError("stop strings need a tokenizer; this model has none")
+        self.text = _Text(getattr(model, "tokenizer", None), stop)
+        self.eos = eos_ids(model)
+        context = model.config.max_position_embeddings
+        if len(self.prompt_ids) + max_new_tokens > context:
+            raise VerispecError(f"prompt ({len(self.prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
+                                f"exceeds the model's context of {context} tokens")
+        seed = self.sampling.resolved_seed()
+        self.generator = torch.Generator().manual_seed(seed)
+        settings = drafter.settings() if drafter is not None else {"method": "plain"}
+        self.stats = GenerationStats(method=settings["method"], settings=settings,
+                                     k=drafter.k if drafter is not None else 0,
+                                     sampling=self.sampling.describe(), seed=seed,
+                                     prompt_tokens=len(self.prompt_ids), exact=self.acceptance.exact)
+        self.stats.settings.update(self.acceptance.settings())
+        self.finish_reason: str | None = None
+        self.new_ids: list[int] = []
+
+    def _prompt_ids(self, prompt: str | None, input_ids: Sequence[int] | None, chat: bool) -> list[int]:
+        if (prompt is None) == (input_ids is None):
+            raise VerispecError("give exactly one of prompt (text) or input_ids")
+        ids = encode_prompt(self.model, prompt, chat) if prompt is not None else [int(t) for t in input_ids]
+        if not ids:
+            raise VerispecError("the prompt is empty")
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise VerispecError(f"input_ids must lie in [0, {vocab})")
+        return ids
+
+    def _commit(self, new: list[int], drafted: int, accepted: int) -> Step:
+        kept: list[int] = []
+        for token in new:
+            kept.append(token)
+            if token in self.eos:
+                self.finish_reason = "eos"
+            elif self.text.hits_stop(token):
+                self.finish_reason = "stop"
+            elif len(self.new_ids) + len(kept) >= self.max_new_tokens:
+                self.finish_reason = "length"
+            if self.finish_reason:
+                break
+        self.new_ids.extend(kept)
+        self.stats.new_tokens = len(self.new_ids)
+        return Step(kept, self.text.delta() if self.text.tokenizer is not None else "", drafted, accepted)
+
+    def __iter__(self) -> Iterator[Step]:
+        model, stats, drafter = self.model, self.stats, self.drafter
+        start = time.perf_counter()
+        tokens = list(self.prompt_ids)
+        cache = model.new_cache(len(tokens) + self.max_new_tokens + 1)
+        # 1. Prefill: one target call over the prompt gives the first new token.
+        logits = model.forward(torch.tensor(tokens), cache, 0)[-1:]
+        stats.target_calls += 1
+        first = self._verify(torch.empty(0, dtype=torch.long), None, logits).next_token
+        stats.prefill_seconds = stats.first_token_seconds = time.perf_counter() - start
+        tokens.append(first)
+        yield self._commit([first], 0, 0)
+        context = DraftContext(tokens, model, cache, self.sampling, self.generator)
+        if drafter is not None and not self.finish_reason:
+            drafter.start(context)
+        while not self.finish_reason:
+            n = len(tokens)
+            # 2. Draft: never more candidates than the token budget can still use.
+            k = min(drafter.k, self.max_new_tokens - len(self.new_ids) - 1) if drafter is not None else 0
+            t0 = time.perf_counter()
+            proposal = drafter.propose(context, k) if k > 0 else Proposal(torch.empty(0, dtype=torch.long), None)
+            t1 = time.perf_counter()
+            # 3. Verify: one target call over the last committed token and the K candidates.
+            inputs = torch.tensor([tokens[-1]] + proposal.tokens.tolist())
+            if proposal.reuse is not None:
+                logits = drafter.verify_logits(context, inputs, proposal)
+            else:
+                logits = model.forward(inputs, cache, n - 1)  # [K+1, vocab]
+            verdict = self._verify(proposal.tokens, proposal.probs, logits)
+            # 4. Roll back: the caches keep the committed tokens only.
+            cache.rollback(n + verdict.num_accepted)
+            if drafter is not None and k > 0:
+                drafter.accepted(verdict.num_accepted)
+            t2 = time.perf_counter()
+            new = proposal.tokens[: verdict.num_accepted].tolist() + [verdict.next_token]
+            tokens.extend(new)
+            stats.target_calls += 1
+            stats.draft_calls += proposal.draft_calls
+            stats.draft_seconds += t1 - t0
+            stats.verify_seconds += t2 - t1
+            stats.record_step(proposal.tokens.numel(), verdict.num_accepted, len(new))
+            yield self._commit(new, proposal.tokens.numel(), verdict.num_accepted)
+        stats.wall_seconds = time.perf_counter() - start
+
+    def _verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor):
+        if self.sampling.greedy:
+            return greedy_verify(drafts, logits)
+        return self.acceptance.verify(drafts, draft_probs, logits_to_probs(logits, self.sampling), self.generator)
+
+    def result(self) -> GenerationResult:
+        if self.finish_reason is None:
+            for _ in self:
+                pass
+        text = self.text.full() if self.text.tokenizer is not None else None
+        return GenerationResult(self.new_ids, text, self.finish_reason, self.stats, self.prompt_ids)
+
+
+def stream(model: Any, prompt: str | None = None, **kwargs: Any) -> Generation:
+    """Like ``generate`` but returns the run: iterate it for ``Step`` records as tokens are produced."""
+    return Generation(model, prompt, **kwargs)
+
+
+def generate(model: Any, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
+             max_new_tokens: int = 128, sampling: SamplingConfig | None = None, drafter: Drafter | None = None,
+             stop: Sequence[str] | str | None = None, chat: bool = False, acceptance: Any = None) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` tokens; ``drafter=None`` is plain autoregressive decoding.
+
+    ``acceptance`` is the rule that judges drafts under sampling (default: the exact rule).
+    """
+    return Generation(model, prompt, input_ids=input_ids, max_new_tokens=max_new_tokens, sampling=sampling,
+                      drafter=drafter, stop=stop, chat=chat, acceptance=acceptance).result()

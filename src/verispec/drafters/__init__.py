@@ -1,0 +1,4 @@
+from verispec.drafters.base import DraftContext, Drafter, Proposal
+from verispec.drafters.draft_model import DraftModel
+
+__all__ = ["DraftContext", "DraftModel", "Drafter", "Proposal"]

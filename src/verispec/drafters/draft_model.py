@@ -1,0 +1,90 @@
+"""A separate, smaller model as the draft source (the classic speculative decoding setup)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from verispec.drafters.base import DraftContext, Proposal, validate_k
+from verispec.errors import VerispecError
+from verispec.sampling import logits_to_probs, sample
+
+log = logging.getLogger(__name__)
+
+
+def check_vocabularies(target: Any, draft: Any) -> None:
+    """Identical vocabularies pass; ones that differ only by padding rows at the end are masked later.
+
+    Anything else is an error: translating between tokenizers is not supported.
+    """
+    t_tok, d_tok = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
+    if t_tok is not None and d_tok is not None:
+        t_vocab, d_vocab = t_tok.get_vocab(), d_tok.get_vocab()
+        if t_vocab != d_vocab:
+            raise VerispecError("the draft model's tokenizer differs from the target's; speculative decoding "
+                                "needs one shared vocabulary (translation between tokenizers is not supported)")
+        real = max(t_vocab.values()) + 1
+        for model in (target, draft):
+            if model.config.vocab_size < real:
+                raise VerispecError(f"a model's embedding ({model.config.vocab_size} rows) is smaller than its "
+                                    f"tokenizer's vocabulary ({real})")
+    elif target.config.vocab_size != draft.config.vocab_size:
+        log.warning("vocabulary sizes differ (target %d, draft %d) and no tokenizers can show they agree; "
+                    "assuming the extra rows are padding", target.config.vocab_size, draft.config.vocab_size)
+
+
+class DraftModel:
+    """Draft with a separate model that has its own KV cache.
+
+    Candidates are sampled autoregressively under the same sampling transform as the target. The
+    draft cache holds the committed tokens it has already seen; before proposing, the ones it has
+    not (the last recovered/bonus token, and an accepted final draft it never fed) go in one pass.
+    """
+
+    def __init__(self, model: Any, k: int = 5) -> None:
+        self.model, self.k = model, validate_k(k)
+        self.cache = None
+        self.cached = 0  # committed tokens whose KV the draft cache holds
+
+    def settings(self) -> dict[str, Any]:
+        return {"method": "draft-model", "draft": getattr(self.model, "name", "") or "draft", "k": self.k}
+
+    def start(self, context: DraftContext) -> None:
+        check_vocabularies(context.target, self.model)
+        self.vocab = context.target.config.vocab_size
+        self.cache = self.model.new_cache(context.cache.capacity + 1)
+        self.cached = 0
+
+    def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits [T, draft_vocab] -> [T, target_vocab]: padding rows masked or added as -inf."""
+        extra = self.vocab - logits.shape[-1]
+        if extra < 0:
+            return logits[:, : self.vocab]
+        if extra > 0:
+            return torch.cat([logits, logits.new_full((logits.shape[0], extra), float("-inf"))], dim=-1)
+        return logits
+
+    def propose(self, context: DraftContext, k: int) -> Proposal:
+        tokens, sampling = context.tokens, context.sampling
+        self.base = len(tokens)
+        feed = torch.tensor(tokens[self.cached:])  # usually 1 or 2 tokens; the whole prompt at first
+        tokens_out, probs_out = [], []
+        for _ in range(k):
+            logits = self._fit_vocab(self.model.forward(feed, self.cache, self.cached)[-1:])  # [1, vocab]
+            self.cached += feed.numel()
+            if sampling.greedy:
+                token = int(logits[0].argmax())
+            else:
+                probs = logits_to_probs(logits[0], sampling)  # [vocab]
+                token = sample(probs, context.generator)
+                probs_out.append(probs)
+            tokens_out.append(token)
+            feed = torch.tensor([token])
+        # The last candidate is never fed: the draft cache now holds tokens plus candidates[:-1].
+        return Proposal(torch.tensor(tokens_out), torch.stack(probs_out) if probs_out else None, draft_calls=k)
+
+    def accepted(self, num_accepted: int) -> None:
+        self.cached = min(self.cached, self.base + num_accepted)
+        self.cache.rollback(self.cached)

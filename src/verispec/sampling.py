@@ -1,0 +1,89 @@
+"""Temperature, top-k and top-p as one transform from logits to the distribution actually sampled from.
+
+Speculative decoding is exact only if the draft and the target are compared under the *same*
+transform, so every path (plain decoding, draft sampling, verification) calls ``logits_to_probs``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import torch
+
+from verispec.errors import VerispecError
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are chosen. ``temperature=0`` is greedy (top-k/top-p then play no part).
+
+    ``top_k=0`` and ``top_p=1.0`` switch those filters off. ``seed=None`` draws a fresh seed,
+    which the run's statistics record so the output can be reproduced.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t, p = self.temperature, self.top_p
+        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
+            raise VerispecError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
+            raise VerispecError(f"top_p must be in (0, 1], got {p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise VerispecError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
+            raise VerispecError(f"seed must be a non-negative integer, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def resolved_seed(self) -> int:
+        return self.seed if self.seed is not None else int.from_bytes(os.urandom(4), "little")
+
+    def describe(self) -> dict[str, float | int | str | None]:
+        if self.greedy:
+            return {"mode": "greedy"}
+        return {"mode": "sampled", "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+
+def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """[..., vocab] logits -> [..., vocab] fp32 probabilities after temperature, top-k, top-p.
+
+    Greedy gives a one-hot distribution on the argmax, so the exact acceptance rule reduces to
+    greedy matching. Filters are applied in transformers' order: temperature, top-k, top-p.
+    """
+    logits = logits.float()
+    if config.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / config.temperature
+    if 0 < config.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if config.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(-1)
+        # Drop a token when the tokens ranked above it already reach top_p; the first always stays.
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= config.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, -math.inf)
+    return logits.softmax(-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one token id from a [vocab] distribution (need not be normalised) by inverting its CDF.
+
+    Several times cheaper than ``torch.multinomial`` for one draw. ``searchsorted(right=True)``
+    never lands on a zero-probability token, because its CDF step is empty.
+    """
+    cdf = probs.double().cumsum(-1)  # [vocab]
+    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
+    index = int(torch.searchsorted(cdf, u, right=True))
+    if index >= cdf.numel():  # u rounded up onto the total: take the last token with mass
+        index = int((probs > 0).nonzero()[-1])
+    return index

@@ -1,0 +1,65 @@
+"""Tiny random checkpoints built in the tests, and the offline real model when it can be had."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def build_tiny_checkpoint(folder: Path, arch: str = "llama", vocab: int = 64, layers: int = 2, seed: int = 0,
+                          tie: bool = False, **extra) -> Path:
+    """A random transformers checkpoint (no tokenizer) saved as safetensors in ``folder``."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                  tie_word_embeddings=tie, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    common.update(extra)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+        with torch.no_grad():  # transformers zero-initialises biases; make them matter
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    with torch.no_grad():  # default init gives near-uniform logits; sharpen them so tests see structure
+        model.lm_head.weight.mul_(8.0) if not tie else model.model.embed_tokens.weight.mul_(4.0)
+    model.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama"), "llama", seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qwen"), "qwen2", seed=2)
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder() -> Path:
+    """The converted SmolLM2-135M folder, or a skip saying why it is not available."""
+    from verispec.errors import VerispecError
+    from verispec.models.loading import resolve_source
+
+    if os.environ.get("VERISPEC_SKIP_REAL_MODELS"):
+        pytest.skip("VERISPEC_SKIP_REAL_MODELS is set")
+    try:
+        return resolve_source("smollm2-135m")
+    except VerispecError as exc:
+        pytest.skip(f"SmolLM2-135M could not be fetched here: {exc}")
+
+
+def requires_shared() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip(f"../shared is absent ({SHARED}); evaluation data unavailable")
+    return SHARED

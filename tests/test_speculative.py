@@ -1,0 +1,232 @@
+"""Exactness of speculative decoding: algebra, reference agreement, whole-sequence law, greedy identity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import verispec
+from verispec.acceptance import (ExactRule, Verdict, acceptance_probabilities, exact_verify,
+                                 exact_verify_reference, residual_distribution)
+from verispec.errors import VerispecError
+from verispec.sampling import SamplingConfig, sample
+from tests.distribution import chi_square_pvalue, exact_distribution, sample_sequences
+from tests.tiny import TableModel, tiny_model
+
+ALPHA = 1e-3
+N_SAMPLES = 12_000
+
+
+def _random_dist(vocab: int, generator: torch.Generator, zeros: int = 0) -> torch.Tensor:
+    probs = torch.rand(vocab, generator=generator, dtype=torch.float64) ** 3
+    if zeros:  # tokens filtered out (top-k / top-p) on this side only
+        probs[torch.randperm(vocab, generator=generator)[:zeros]] = 0
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize("zeros", [(0, 0), (3, 0), (0, 3), (2, 2)])
+def test_acceptance_algebra_recovers_target(zeros):
+    """q(x) min(1, p(x)/q(x)) + (1 - sum_y min(p(y), q(y))) residual(x) == p(x), in float64."""
+    g = torch.Generator().manual_seed(7)
+    for _ in range(50):
+        p, q = _random_dist(12, g, zeros[0]), _random_dist(12, g, zeros[1])
+        accept = acceptance_probabilities(torch.arange(12), q.expand(12, 12), p.expand(12, 12))  # per token x
+        rejection_mass = 1 - torch.minimum(p, q).sum()
+        law = q * accept + rejection_mass * residual_distribution(p, q)
+        assert torch.allclose(law, p, atol=1e-12, rtol=0)
+
+
+def test_residual_edge_cases():
+    p = torch.tensor([0.5, 0.5, 0.0], dtype=torch.float64)
+    assert torch.equal(residual_distribution(p, p.clone()), p)  # empty residual falls back to p
+    # q(x) = 0 with p(x) > 0 accepts; p(x) = 0 rejects whatever q says
+    probs = acceptance_probabilities(torch.tensor([0, 2]), torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.5, 0.5]]),
+                                     torch.tensor([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]]))
+    assert probs.tolist() == [1.0, 0.0]
+
+
+def test_sample_never_draws_zero_probability_tokens():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.tensor([0.0, 0.3, 0.0, 0.7, 0.0])
+    draws = {sample(probs, g) for _ in range(2000)}
+    assert draws == {1, 3}
+
+
+def test_optimised_exact_verify_matches_reference():
+    g = torch.Generator().manual_seed(11)
+    for trial in range(300):
+        K, vocab = 1 + trial % 4, 7
+        target = torch.stack([_random_dist(vocab, g, zeros=trial % 3) for _ in range(K + 1)]).float()
+        draft = torch.stack([_random_dist(vocab, g) for _ in range(K)]).float()
+        tokens = torch.stack([torch.multinomial(draft[i], 1, generator=g)[0] for i in range(K)])
+        for probs in (draft, None):  # a sampled draft and a deterministic one
+            a = exact_verify(tokens, probs, target, torch.Generator().manual_seed(trial))
+            b = exact_verify_reference(tokens, probs, target, torch.Generator().manual_seed(trial))
+            assert a == b
+
+
+# ---------------------------------------------------------------- whole-sequence distribution tests
+
+class PromptLookupStub:
+    """A deterministic drafter for the distribution test: proposes a fixed token pattern, no q."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def settings(self):
+        return {"method": "fixed-pattern"}
+
+    def start(self, context):
+        pass
+
+    def propose(self, context, k):
+        last = context.tokens[-1]
+        return verispec.Proposal(torch.tensor([(last + i + 1) % 5 for i in range(k)]), None)
+
+    def accepted(self, num_accepted):
+        pass
+
+
+CASES = [  # (temperature, top_k, top_p, K, drafter)
+    (1.0, 0, 1.0, 1, "model"),
+    (1.0, 0, 1.0, 2, "model"),
+    (1.0, 0, 1.0, 4, "model"),
+    (0.6, 0, 1.0, 2, "model"),
+    (1.5, 0, 1.0, 2, "model"),
+    (1.0, 3, 1.0, 2, "model"),
+    (1.0, 0, 0.7, 4, "model"),
+    (0.8, 0, 1.0, 2, "deterministic"),
+]
+
+
+def _drafter_factory(kind: str, K: int):
+    if kind == "model":
+        draft = TableModel(vocab=5, seed=99, sharpness=1.5)
+        return lambda: verispec.DraftModel(draft, k=K)
+    return lambda: PromptLookupStub(K)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p,K,kind", CASES)
+def test_speculative_sampling_preserves_target_distribution(temperature, top_k, top_p, K, kind):
+    target = TableModel(vocab=5, seed=0, sharpness=1.5)
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    law = exact_distribution(target, sampling)
+    counts = sample_sequences(target, _drafter_factory(kind, K), sampling, N_SAMPLES)
+    pvalue = chi_square_pvalue(counts, law)
+    assert pvalue >= ALPHA, f"speculative output departs from the target's law (p = {pvalue:.2e})"
+
+
+class AlwaysAccept(ExactRule):
+    """Negative control: keeps every draft (claims exactness, is wrong)."""
+
+    def verify(self, draft_tokens, draft_probs, target_probs, generator):
+        return Verdict(draft_tokens.numel(), sample(target_probs[-1], generator), True)
+
+
+class ResidualWithoutSubtraction(ExactRule):
+    """Negative control: on rejection samples from p instead of max(0, p - q)."""
+
+    def verify(self, draft_tokens, draft_probs, target_probs, generator):
+        verdict = exact_verify(draft_tokens, draft_probs, target_probs, generator)
+        if verdict.bonus:
+            return verdict
+        return Verdict(verdict.num_accepted, sample(target_probs[verdict.num_accepted], generator), False)
+
+
+@pytest.mark.parametrize("broken", [AlwaysAccept(), ResidualWithoutSubtraction()], ids=lambda r: type(r).__name__)
+def test_negative_controls_are_detected(broken):
+    target = TableModel(vocab=5, seed=0, sharpness=1.5)
+    sampling = SamplingConfig(1.0)
+    law = exact_distribution(target, sampling)
+    counts = sample_sequences(target, _drafter_factory("model", 2), sampling, N_SAMPLES, acceptance=broken)
+    pvalue = chi_square_pvalue(counts, law)
+    assert pvalue < ALPHA, f"a broken acceptance rule went undetected (p = {pvalue:.3f})"
+
+
+def test_plain_sampling_matches_law_and_is_seeded():
+    target = TableModel(vocab=5, seed=3)
+    sampling = SamplingConfig(0.9, top_k=4)
+    assert chi_square_pvalue(sample_sequences(target, None, sampling, 6000), exact_distribution(target, sampling)) >= ALPHA
+    run = lambda seed: verispec.generate(target, input_ids=[1], max_new_tokens=8,
+                                         sampling=SamplingConfig(1.0, seed=seed)).token_ids
+    assert run(5) == run(5)
+    assert len({tuple(run(s)) for s in range(10)}) > 1
+
+
+# ---------------------------------------------------------------- greedy equivalence on a real transformer
+
+PROMPTS = [[1, 5, 9], [3, 3, 3, 3], [7], [2, 11, 4, 8, 15, 1]]
+
+
+@pytest.mark.parametrize("K", [1, 3, 5])
+def test_greedy_speculative_equals_plain_greedy(K):
+    target = tiny_model(vocab=16, seed=0, layers=2)
+    draft = tiny_model(vocab=16, seed=1, layers=1)  # a different model: disagrees often
+    rejected = 0
+    for prompt in PROMPTS:
+        plain = verispec.generate(target, input_ids=prompt, max_new_tokens=24)
+        spec = verispec.generate(target, input_ids=prompt, max_new_tokens=24, drafter=verispec.DraftModel(draft, k=K))
+        assert spec.token_ids == plain.token_ids
+        assert plain.stats.target_calls == 24
+        rejected += spec.stats.drafted_tokens - spec.stats.accepted_tokens
+    assert rejected > 0, "the draft never disagreed: the test would not exercise rejection"
+
+
+@pytest.mark.parametrize("K", [2, 4])
+def test_draft_equal_to_target_accepts_everything(K):
+    target = tiny_model(vocab=16, seed=0, layers=2)
+    spec = verispec.generate(target, input_ids=[1, 2, 3], max_new_tokens=31, drafter=verispec.DraftModel(target, k=K))
+    plain = verispec.generate(target, input_ids=[1, 2, 3], max_new_tokens=31)
+    s = spec.stats
+    assert spec.token_ids == plain.token_ids
+    assert s.accepted_tokens == s.drafted_tokens and s.acceptance_rate == 1.0
+    # prefill gives 1 token; each later call gives K + 1
+    assert s.target_calls == 1 + -(-30 // (K + 1))
+    assert s.mean_accepted_length == pytest.approx(30 / (s.target_calls - 1))
+
+
+def test_sampled_draft_equal_to_target_accepts_everything():
+    target = TableModel(vocab=5, seed=0)
+    result = verispec.generate(target, input_ids=[1], max_new_tokens=20, sampling=SamplingConfig(1.0, seed=1),
+                               drafter=verispec.DraftModel(target, k=3))
+    assert result.stats.acceptance_rate == 1.0
+
+
+def test_stats_are_consistent():
+    target, draft = tiny_model(vocab=16, seed=0), tiny_model(vocab=16, seed=1, layers=1)
+    result = verispec.generate(target, input_ids=[1, 2], max_new_tokens=40, drafter=verispec.DraftModel(draft, k=4),
+                               sampling=SamplingConfig(1.0, seed=0))
+    s = result.stats
+    assert s.new_tokens == len(result.token_ids) == 40
+    assert s.decode_step_tokens == 39 and s.decode_steps == s.target_calls - 1
+    assert s.accepted_tokens == sum(s.accepted_by_position) <= s.drafted_tokens == sum(s.drafted_by_position)
+    assert all(a >= b for a, b in zip(s.accepted_by_position, s.accepted_by_position[1:]))
+    assert s.draft_calls >= s.drafted_tokens // 4
+    assert s.method == "draft-model" and s.settings["k"] == 4 and s.exact
+
+
+# ---------------------------------------------------------------- vocabularies
+
+def test_padded_draft_vocabulary_is_masked():
+    target = tiny_model(vocab=16, seed=0)
+    draft = tiny_model(vocab=20, seed=1, layers=1)  # 4 padding rows at the end
+    for sampling in (SamplingConfig(), SamplingConfig(1.0, seed=0)):
+        result = verispec.generate(target, input_ids=[1, 2], max_new_tokens=30, sampling=sampling,
+                                   drafter=verispec.DraftModel(draft, k=3))
+        assert max(result.token_ids) < 16
+    assert verispec.generate(target, input_ids=[1, 2], max_new_tokens=20, drafter=verispec.DraftModel(draft, k=3)
+                             ).token_ids == verispec.generate(target, input_ids=[1, 2], max_new_tokens=20).token_ids
+
+
+def test_different_tokenizers_are_rejected():
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab, self.eos_token_id = vocab, None
+
+        def get_vocab(self):
+            return self.vocab
+
+    target, draft = tiny_model(vocab=4, seed=0), tiny_model(vocab=4, seed=1)
+    target.tokenizer, draft.tokenizer = Tok({"a": 0, "b": 1, "c": 2, "d": 3}), Tok({"a": 0, "b": 1, "x": 2, "d": 3})
+    with pytest.raises(VerispecError, match="tokenizer differs"):
+        verispec.generate(target, input_ids=[1], max_new_tokens=5, drafter=verispec.DraftModel(draft, k=2))
