@@ -226,6 +226,9 @@ def test_different_tokenizers_are_rejected():
         def get_vocab(self):
             return self.vocab
 
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(map(str, ids))
+
     target, draft = tiny_model(vocab=4, seed=0), tiny_model(vocab=4, seed=1)
     target.tokenizer, draft.tokenizer = Tok({"a": 0, "b": 1, "c": 2, "d": 3}), Tok({"a": 0, "b": 1, "x": 2, "d": 3})
     with pytest.raises(VerispecError, match="tokenizer differs"):

@@ -100,7 +100,7 @@ class Generation:
     def __init__(self, model: Any, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
                  max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                  drafter: Drafter | None = None, stop: Sequence[str] | str | None = None,
-                 chat: bool = False, acceptance: Any = None) -> None:
+                 chat: bool = False, acceptance: Any = None, ignore_eos: bool = False) -> None:
         self.model, self.drafter = model, drafter
         self.acceptance = acceptance or ExactRule()
         self.sampling = sampling or SamplingConfig()
@@ -116,7 +116,7 @@ class Generation:
         if stop and getattr(model, "tokenizer", None) is None:
             raise VerispecError("stop strings need a tokenizer; this model has none")
         self.text = _Text(getattr(model, "tokenizer", None), stop)
-        self.eos = eos_ids(model)
+        self.eos = set() if ignore_eos else eos_ids(model)  # ignore_eos: fixed-length runs for benchmarks
         context = model.config.max_position_embeddings
         if len(self.prompt_ids) + max_new_tokens > context:
             raise VerispecError(f"prompt ({len(self.prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
@@ -223,10 +223,12 @@ def stream(model: Any, prompt: str | None = None, **kwargs: Any) -> Generation:
 
 def generate(model: Any, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
              max_new_tokens: int = 128, sampling: SamplingConfig | None = None, drafter: Drafter | None = None,
-             stop: Sequence[str] | str | None = None, chat: bool = False, acceptance: Any = None) -> GenerationResult:
+             stop: Sequence[str] | str | None = None, chat: bool = False, acceptance: Any = None,
+             ignore_eos: bool = False) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens; ``drafter=None`` is plain autoregressive decoding.
 
     ``acceptance`` is the rule that judges drafts under sampling (default: the exact rule).
+    ``ignore_eos`` generates exactly ``max_new_tokens`` (benchmarks compare equal lengths).
     """
     return Generation(model, prompt, input_ids=input_ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                      drafter=drafter, stop=stop, chat=chat, acceptance=acceptance).result()
+                      drafter=drafter, stop=stop, chat=chat, acceptance=acceptance, ignore_eos=ignore_eos).result()

@@ -17,9 +17,9 @@ class KVCache:
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype) -> None:
-        shape = (num_layers, 1, num_kv_heads, capacity, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype)  # [layers, 1, kv_heads, capacity, head_dim]
-        self.values = torch.zeros(shape, dtype=dtype)  # [layers, 1, kv_heads, capacity, head_dim]
+        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype)  # [layers, kv_heads, capacity, head_dim]
+        self.values = torch.zeros(shape, dtype=dtype)  # [layers, kv_heads, capacity, head_dim]
         self.capacity = capacity
         self.length = 0  # positions [0, length) hold the committed sequence
 
@@ -32,10 +32,10 @@ class KVCache:
 
     def write(self, layer: int, start: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store keys/values for positions [start, start+T) and return all of [0, start+T)."""
-        end = start + keys.shape[2]  # keys: [1, kv_heads, T, head_dim]
-        self.keys[layer, :, :, start:end] = keys
-        self.values[layer, :, :, start:end] = values
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        end = start + keys.shape[1]  # keys: [kv_heads, T, head_dim]
+        self.keys[layer, :, start:end] = keys
+        self.values[layer, :, start:end] = values
+        return self.keys[layer, :, :end], self.values[layer, :, :end]
 
     def rollback(self, length: int) -> None:
         """Forget every position from ``length`` on. O(1): nothing is copied or cleared."""

@@ -110,7 +110,7 @@ def load_native(folder: Path, dtype: torch.dtype) -> Transformer:
     if missing or unexpected:
         raise VerispecError(f"checkpoint in {folder} does not match its config: missing {missing[:5]}, "
                             f"unexpected {unexpected[:5]}")
-    return model.to(dtype).eval().requires_grad_(False)
+    return model.to_weight_dtype(dtype).eval().requires_grad_(False)
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:

