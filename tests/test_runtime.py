@@ -95,11 +95,15 @@ def test_cache_capacity_error_is_clear(tiny_llama):
         model.new_cache(1000)
 
 
-def test_bfloat16_runs_close_to_float32(tiny_llama):
-    model32 = load_native(tiny_llama, torch.float32)
-    model16 = load_native(tiny_llama, torch.bfloat16)
-    ids = torch.arange(9)
-    a = model32.forward(ids, model32.new_cache(9), 0)
-    b = model16.forward(ids, model16.new_cache(9), 0)
+@pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen"])
+def test_bfloat16_runs_close_to_float32(fixture, request):
+    folder = request.getfixturevalue(fixture)
+    model32 = load_native(folder, torch.float32)
+    model16 = load_native(folder, torch.bfloat16)
+    ids = torch.arange(40) % model32.config.vocab_size  # a prefill above the kernel's row limit, then steps
+    a = model32.forward(ids, model32.new_cache(40), 0)
+    cache = model16.new_cache(40)
+    b = torch.cat([model16.forward(ids[:30], cache, 0), model16.forward(ids[30:35], cache, 30),
+                   model16.forward(ids[35:], cache, 35)])
     assert b.dtype == torch.float32
-    assert (a - b).abs().max() < 0.25 * a.abs().max()
+    assert (a - b).abs().max() < 0.05 * a.abs().max()

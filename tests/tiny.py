@@ -73,9 +73,10 @@ class TableModel:
             self._memo[context] = logits
         return logits
 
-    def forward(self, input_ids: torch.Tensor, cache: TokenCache, start: int) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: TokenCache, start: int, last_only: bool = False) -> torch.Tensor:
         ids = input_ids.tolist()
         cache.check_room(start + len(ids))
         cache.tokens[start:start + len(ids)] = ids
         cache.length = start + len(ids)
-        return torch.stack([self.next_logits(tuple(cache.tokens[: start + i + 1])) for i in range(len(ids))])
+        first = len(ids) - 1 if last_only else 0
+        return torch.stack([self.next_logits(tuple(cache.tokens[: start + i + 1])) for i in range(first, len(ids))])

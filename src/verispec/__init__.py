@@ -2,7 +2,7 @@
 
 from verispec.acceptance import Verdict, exact_verify, greedy_verify
 from verispec.decoding import Generation, GenerationResult, Step, generate, stream
-from verispec.drafters import DraftContext, Drafter, DraftModel, PromptLookup, Proposal
+from verispec.drafters import DraftContext, Drafter, DraftModel, EarlyExit, LayerSkip, LowRank, PromptLookup, Proposal
 from verispec.errors import VerispecError
 from verispec.models import load_model
 from verispec.sampling import SamplingConfig, logits_to_probs
@@ -11,7 +11,7 @@ from verispec.stats import GenerationStats
 __version__ = "0.1.0"
 
 __all__ = [
-    "DraftContext", "DraftModel", "Drafter", "Generation", "GenerationResult", "GenerationStats", "PromptLookup", "Proposal",
+    "DraftContext", "DraftModel", "Drafter", "EarlyExit", "LayerSkip", "LowRank", "Generation", "GenerationResult", "GenerationStats", "PromptLookup", "Proposal",
     "SamplingConfig", "Step", "Verdict", "VerispecError", "exact_verify", "generate", "greedy_verify",
     "load_model", "logits_to_probs", "stream",
 ]

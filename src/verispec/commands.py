@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,7 +35,49 @@ class GenerateRequest:
     chat: bool = False
     stop: tuple[str, ...] = ()
     draft: str | None = None
-    k: int = 5
+    k: int | None = None
+    layer_skip: str | None = None  # JSON file from `verispec tune layer-skip`, or "3,5,7"
+    early_exit: str | None = None  # an exit layer, or a JSON file from `verispec tune early-exit`
+    low_rank_rank: int | None = None
+    low_rank_energy: float | None = None
+    low_rank_targets: tuple[str, ...] = ("attention", "mlp")
+    prompt_lookup: int | None = None  # n-gram size
+
+
+def make_drafter(request: GenerateRequest) -> Any:
+    """The drafter a request names (at most one), or None for plain decoding."""
+    from verispec import drafters
+
+    chosen = [name for name, value in (("--draft", request.draft), ("--layer-skip", request.layer_skip),
+                                       ("--early-exit", request.early_exit), ("--prompt-lookup", request.prompt_lookup),
+                                       ("--low-rank-*", request.low_rank_rank or request.low_rank_energy))
+              if value]
+    if len(chosen) > 1:
+        raise VerispecError(f"choose one draft source, not {' and '.join(chosen)}")
+    k = request.k
+    if request.draft:
+        draft = load_model(request.draft, dtype=request.dtype, backend=request.backend)
+        return drafters.DraftModel(draft, k=k or 5)
+    if request.layer_skip:
+        if Path(request.layer_skip).suffix == ".json" or Path(request.layer_skip).exists():
+            return drafters.LayerSkip(request.layer_skip, k=k)
+        return drafters.LayerSkip(_int_list(request.layer_skip, "--layer-skip"), k=k)
+    if request.early_exit:
+        layer = request.early_exit
+        return drafters.EarlyExit(int(layer) if layer.isdigit() else layer, k=k)
+    if request.prompt_lookup:
+        return drafters.PromptLookup(ngram=request.prompt_lookup, k=k or 5)
+    if request.low_rank_rank or request.low_rank_energy:
+        return drafters.LowRank(rank=request.low_rank_rank, energy=request.low_rank_energy, k=k or 4,
+                                targets=request.low_rank_targets)
+    return None
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise VerispecError(f"{flag} takes a JSON settings file or comma-separated layer indices, got '{text}'") from None
 
 
 def set_threads(threads: int | None) -> None:
@@ -43,14 +86,10 @@ def set_threads(threads: int | None) -> None:
 
 
 def run_generate(request: GenerateRequest, stream: bool = True, as_json: bool = False) -> dict[str, Any]:
-    from verispec.drafters import DraftModel
-
     set_threads(request.threads)
     sampling = SamplingConfig(request.temperature, request.top_k, request.top_p, request.seed)
     target = load_model(request.model, dtype=request.dtype, backend=request.backend)
-    drafter = None
-    if request.draft:
-        drafter = DraftModel(load_model(request.draft, dtype=request.dtype, backend=request.backend), k=request.k)
+    drafter = make_drafter(request)
     run = Generation(target, request.prompt, max_new_tokens=request.max_new_tokens, sampling=sampling,
                      drafter=drafter, stop=request.stop, chat=request.chat)
     for step in run:
@@ -118,3 +157,23 @@ def run_demo(model: str = "smollm2-135m", dtype: str = "bfloat16", backend: str 
     speedup = spec.stats.tokens_per_second / plain.stats.tokens_per_second
     print(f"speedup {speedup:.2f}x over plain decoding measured in this run; output {same} plain greedy")
     return {"speedup": speedup, "same": spec.token_ids == plain.token_ids}
+
+
+def run_tune(method: str, model: str, dtype: str, threads: int | None, out: str | None, new_tokens: int,
+             max_rounds: int | None, prompts_file: str | None) -> dict[str, Any]:
+    """Search self-speculative settings for ``model`` and write them to a JSON file."""
+    from verispec.tuning import tune, write_settings
+
+    set_threads(threads)
+    target = load_model(model, dtype=dtype)
+    prompts = None
+    if prompts_file:
+        try:
+            prompts = [json.loads(line)["prompt"] for line in Path(prompts_file).read_text().splitlines() if line.strip()]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise VerispecError(f"cannot read prompts from {prompts_file} (JSONL with a 'prompt' field): {exc}") from None
+    progress = lambda message: print(f"[tune {method}] {message}", file=sys.stderr, flush=True)
+    spec = tune(method, target, prompts=prompts, new_tokens=new_tokens, progress=progress, max_rounds=max_rounds)
+    path = write_settings(spec, out or f"{method}-{Path(str(model)).name}.json")
+    print(f"wrote {path}")
+    return spec

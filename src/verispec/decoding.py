@@ -165,7 +165,7 @@ class Generation:
         tokens = list(self.prompt_ids)
         cache = model.new_cache(len(tokens) + self.max_new_tokens + 1)
         # 1. Prefill: one target call over the prompt gives the first new token.
-        logits = model.forward(torch.tensor(tokens), cache, 0)[-1:]
+        logits = model.forward(torch.tensor(tokens), cache, 0, last_only=True)  # [1, vocab]
         stats.target_calls += 1
         first = self._verify(torch.empty(0, dtype=torch.long), None, logits).next_token
         stats.prefill_seconds = stats.first_token_seconds = time.perf_counter() - start
@@ -174,6 +174,7 @@ class Generation:
         context = DraftContext(tokens, model, cache, self.sampling, self.generator)
         if drafter is not None and not self.finish_reason:
             drafter.start(context)
+            stats.settings.update(drafter.settings())  # now with what start() derived (ranks, ...)
         while not self.finish_reason:
             n = len(tokens)
             # 2. Draft: never more candidates than the token budget can still use.

@@ -72,7 +72,7 @@ class DraftModel:
         feed = torch.tensor(tokens[self.cached:])  # usually 1 or 2 tokens; the whole prompt at first
         tokens_out, probs_out = [], []
         for _ in range(k):
-            logits = self._fit_vocab(self.model.forward(feed, self.cache, self.cached)[-1:])  # [1, vocab]
+            logits = self._fit_vocab(self.model.forward(feed, self.cache, self.cached, last_only=True))  # [1, vocab]
             self.cached += feed.numel()
             if sampling.greedy:
                 token = int(logits[0].argmax())

@@ -57,9 +57,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if module is not None and weight.is_contiguous():
             out = module.bf16_linear(x, weight)
             return out if bias is None else out + bias
-    if x.dtype is weight.dtype:
+    if x.dtype is weight.dtype and (bias is None or bias.dtype is weight.dtype):
         return F.linear(x, weight, bias)
-    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+    out = F.linear(x.to(weight.dtype), weight).to(x.dtype)  # e.g. a bf16 prefill; biases stay fp32
+    return out if bias is None else out + bias
 
 
 class Linear(torch.nn.Linear):

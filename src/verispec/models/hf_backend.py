@@ -65,7 +65,7 @@ class HFModel:
         return HFCache(capacity)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache: HFCache, start: int) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, cache: HFCache, start: int, last_only: bool = False) -> torch.Tensor:
         T = input_ids.numel()
         cache.check_room(start + T)
         cache.sync(start)
@@ -73,7 +73,8 @@ class HFModel:
         out = self.network(input_ids=input_ids.view(1, -1), position_ids=positions, use_cache=True,
                            **{self._cache_arg: cache.inner})
         cache.length = start + T
-        return out.logits[0].float()  # [T, vocab]
+        logits = out.logits[0].float()  # [T, vocab]
+        return logits[-1:] if last_only else logits
 
 
 def _describe(hf: Any) -> ModelConfig:

@@ -95,6 +95,7 @@ def load_model(source: str | Path, dtype: str | torch.dtype = "float32", backend
         model = load_native(folder, torch_dtype)
     model.tokenizer = tokenizer
     model.name = str(source)
+    model.folder = folder  # where derived data (low-rank factors) can be cached
     return model
 
 

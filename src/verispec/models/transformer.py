@@ -203,8 +203,19 @@ class Transformer(nn.Module):
         return (head or self.lm_head)(self.norm(hidden))[0].float()
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
-        """Full pass over tokens at positions [start, start+T): fp32 logits [T, vocab]."""
-        hidden = self.run_layers(self.embed_tokens(input_ids), cache, start, self.all_layers)
-        cache.length = start + input_ids.numel()
-        return self.logits(hidden)
+    def forward(self, input_ids: torch.Tensor, cache: KVCache, start: int, last_only: bool = False) -> torch.Tensor:
+        """Full pass over tokens at positions [start, start+T): fp32 logits [T, vocab] ([1, vocab] if last_only).
+
+        Long inputs with bf16 weights go through in chunks of ``kernels.MAX_ROWS`` tokens: on CPUs
+        without native bf16 the compiled few-row kernel beats torch's bf16 matmul several times over.
+        """
+        T = input_ids.numel()
+        chunk = kernels.MAX_ROWS if self.dtype is torch.bfloat16 and kernels.available() else T
+        outputs = []
+        for begin in range(0, T, chunk):
+            ids = input_ids.view(-1)[begin:begin + chunk]
+            hidden = self.run_layers(self.embed_tokens(ids), cache, start + begin, self.all_layers)
+            if not last_only or begin + chunk >= T:
+                outputs.append(self.logits(hidden[:, -1:] if last_only else hidden))
+        cache.length = start + T
+        return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
