@@ -32,7 +32,7 @@ def drafters_for(model, args) -> dict[str, callable]:
         skip = json.loads(Path(args.layer_skip).read_text())
     else:
         skip = tune("layer-skip", model, new_tokens=args.tune_tokens, progress=progress,
-                    max_rounds=args.tune_rounds, prompts=verispec.tuning.CALIBRATION_PROMPTS[: args.tune_prompts])
+                    max_skipped=args.tune_skipped, prompts=verispec.tuning.CALIBRATION_PROMPTS[: args.tune_prompts])
     if args.early_exit:
         exit_ = json.loads(Path(args.early_exit).read_text())
     else:
@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--low-rank", type=int, default=128, help="rank of the low-rank draft")
     parser.add_argument("--tune-tokens", type=int, default=32)
     parser.add_argument("--tune-prompts", type=int, default=2)
-    parser.add_argument("--tune-rounds", type=int, default=None)
+    parser.add_argument("--tune-skipped", type=int, default=None)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="results/self_speculative.json")
     args = parser.parse_args()

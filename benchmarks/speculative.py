@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--humaneval", type=int, default=4, help="HumanEval prompts")
     parser.add_argument("--spec-bench", type=int, default=1, help="Spec-Bench prompts per category")
+    parser.add_argument("--spec-bench-categories", type=int, default=6, help="first N Spec-Bench categories")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--fp32-check", type=int, default=2, help="prompts re-run in float32 (0: skip)")
     parser.add_argument("--fp32-tokens", type=int, default=48)
@@ -80,7 +81,8 @@ def main() -> None:
     parser.add_argument("--out", default="results/speculative.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    prompts = common.humaneval_prompts(args.humaneval) + common.spec_bench_prompts(args.spec_bench)
+    categories = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")[: args.spec_bench_categories]
+    prompts = common.humaneval_prompts(args.humaneval) + common.spec_bench_prompts(args.spec_bench, categories)
     target = verispec.load_model(args.target, dtype=args.dtype)
     drafter = verispec.DraftModel(verispec.load_model(args.draft, dtype=args.dtype), k=args.k)
     run_pair(target, drafter, prompts[0], MODES["greedy"], 8, 0)  # warm-up

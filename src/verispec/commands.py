@@ -160,7 +160,7 @@ def run_demo(model: str = "smollm2-135m", dtype: str = "bfloat16", backend: str 
 
 
 def run_tune(method: str, model: str, dtype: str, threads: int | None, out: str | None, new_tokens: int,
-             max_rounds: int | None, prompts_file: str | None) -> dict[str, Any]:
+             max_skipped: int | None, prompts_file: str | None) -> dict[str, Any]:
     """Search self-speculative settings for ``model`` and write them to a JSON file."""
     from verispec.tuning import tune, write_settings
 
@@ -173,7 +173,7 @@ def run_tune(method: str, model: str, dtype: str, threads: int | None, out: str 
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise VerispecError(f"cannot read prompts from {prompts_file} (JSONL with a 'prompt' field): {exc}") from None
     progress = lambda message: print(f"[tune {method}] {message}", file=sys.stderr, flush=True)
-    spec = tune(method, target, prompts=prompts, new_tokens=new_tokens, progress=progress, max_rounds=max_rounds)
+    spec = tune(method, target, prompts=prompts, new_tokens=new_tokens, progress=progress, max_skipped=max_skipped)
     path = write_settings(spec, out or f"{method}-{Path(str(model)).name}.json")
     print(f"wrote {path}")
     return spec

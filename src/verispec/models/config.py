@@ -33,6 +33,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
+    sliding_window: int | None = None  # Mistral: attention span; the native runtime attends to everything
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2)
@@ -76,6 +77,7 @@ class ModelConfig:
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
             name=hf.get("_name_or_path", ""),
+            sliding_window=hf.get("sliding_window") if hf.get("use_sliding_window", model_type == "mistral") else None,
         )
 
 

@@ -160,6 +160,11 @@ class Transformer(nn.Module):
                 f"{capacity} positions requested but the model's context is {c.max_position_embeddings} tokens; "
                 "shorten the prompt or lower max_new_tokens"
             )
+        if c.sliding_window is not None and capacity > c.sliding_window:
+            raise VerispecError(
+                f"{capacity} positions exceed this model's {c.sliding_window}-token sliding attention window, "
+                "which the native runtime does not implement; use backend='hf' or a shorter run"
+            )
         return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, torch.float32)
 
     def _rope(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,44 @@
+"""The compiled few-row kernels against torch's own operations (the slow references)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verispec import kernels
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    if not kernels.available():
+        pytest.skip("verispec's kernel is not available here (no AVX2, no compiler, or VERISPEC_KERNELS=0)")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 13, 16])
+@pytest.mark.parametrize("out_features,in_features", [(24, 16), (200, 64), (96, 1544)])
+def test_bf16_linear_matches_fp32_reference(rows, out_features, in_features):
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(out_features, in_features, generator=g).bfloat16()
+    bias = torch.randn(out_features, generator=g)
+    x = torch.randn(1, rows, in_features, generator=g)  # fp32 activations, as the runtime uses
+    expected = F.linear(x.double(), weight.double(), bias.double())
+    got = kernels.linear(x, weight, bias)
+    assert got.shape == expected.shape and got.dtype == torch.float32
+    assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_more_rows_than_the_kernel_takes_fall_back_to_torch():
+    weight = torch.randn(32, 16).bfloat16()
+    x = torch.randn(kernels.MAX_ROWS + 3, 16)
+    expected = F.linear(x.bfloat16(), weight).float()
+    assert torch.equal(kernels.linear(x, weight), expected)
+
+
+def test_rms_norm_and_silu_mul_match_torch():
+    x = torch.randn(1, 5, 576)
+    weight = torch.randn(576)
+    assert torch.allclose(kernels.rms_norm(x, weight, 1e-5), F.rms_norm(x, (576,), weight, 1e-5), atol=1e-5)
+    gate_up = torch.randn(1, 5, 2 * 96)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert torch.allclose(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6)
