@@ -38,9 +38,15 @@ def run_pair(target, drafter, prompt: dict, sampling, max_new_tokens: int, seed:
             "spec": spec.stats.as_dict(), "identical": plain.token_ids == spec.token_ids, "first_diff": first_diff}
 
 
+def decode_tps(stats: dict) -> float:
+    """Decode throughput (after the prefill): sampled plain and speculative runs differ in length."""
+    seconds = stats["wall_seconds"] - stats["prefill_seconds"]
+    return (stats["new_tokens"] - 1) / seconds
+
+
 def summarise(rows: list[dict]) -> list:
-    plain_tps = [r["plain"]["tokens_per_second"] for r in rows]
-    spec_tps = [r["spec"]["tokens_per_second"] for r in rows]
+    plain_tps = [decode_tps(r["plain"]) for r in rows]
+    spec_tps = [decode_tps(r["spec"]) for r in rows]
     drafted = sum(r["spec"]["drafted_tokens"] for r in rows)
     accepted = sum(r["spec"]["accepted_tokens"] for r in rows)
     steps = sum(r["spec"]["decode_steps"] for r in rows)
@@ -51,6 +57,20 @@ def summarise(rows: list[dict]) -> list:
             sum(r["plain"]["target_calls"] for r in rows) / len(rows),
             sum(r["spec"]["target_calls"] for r in rows) / len(rows),
             f"{sum(r['identical'] for r in rows)}/{len(rows)}"]
+
+
+HEADER = ["workload", "mode", "prompts", "plain decode tok/s", "spec decode tok/s", "speedup (median)",
+          "acceptance", "mean accepted length", "plain target calls", "spec target calls", "identical to plain"]
+
+
+def table_of(rows: list[dict], modes: list[str]) -> list[list]:
+    table = []
+    for mode in modes:
+        for workload in ("humaneval", "spec_bench"):
+            group = [r for r in rows if r["mode"] == mode and r["workload"].startswith(workload)]
+            if group:
+                table.append([workload, mode, len(group)] + summarise(group))
+    return table
 
 
 def fp32_check(args, prompts: list[dict]) -> str:
@@ -79,7 +99,13 @@ def main() -> None:
     parser.add_argument("--fp32-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default="results/speculative.json")
+    parser.add_argument("--report-only", default=None, help="re-print the table from a saved JSON file")
     args = parser.parse_args()
+    if args.report_only:
+        saved = json.loads(Path(args.report_only).read_text())
+        print(common.markdown_table(HEADER, table_of(saved["rows"], saved["args"]["modes"])))
+        print(f"fp32 greedy check: {saved['fp32_check']}")
+        return
     torch.set_num_threads(args.threads)
     categories = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")[: args.spec_bench_categories]
     prompts = common.humaneval_prompts(args.humaneval) + common.spec_bench_prompts(args.spec_bench, categories)
@@ -95,14 +121,8 @@ def main() -> None:
             print(f"  [{mode}] {p['workload']} {p['id']}: plain {row['plain']['tokens_per_second']:.2f} tok/s, "
                   f"spec {row['spec']['tokens_per_second']:.2f} tok/s, acceptance "
                   f"{row['spec']['acceptance_rate']:.0%}, identical={row['identical']}", file=sys.stderr, flush=True)
-    table = []
-    for mode in args.modes:
-        for workload in ("humaneval", "spec_bench"):
-            group = [r for r in rows if r["mode"] == mode and r["workload"].startswith(workload)]
-            if group:
-                table.append([workload, mode, len(group)] + summarise(group))
-    header = ["workload", "mode", "prompts", "plain tok/s", "spec tok/s", "speedup (median)", "acceptance",
-              "mean accepted length", "plain target calls", "spec target calls", "identical to plain"]
+    table = table_of(rows, args.modes)
+    header = HEADER
     print(f"machine: {common.machine()}; {args.draft} drafting for {args.target}, K={args.k}, {args.dtype}, "
           f"{args.max_new_tokens} new tokens")
     print(common.markdown_table(header, table))

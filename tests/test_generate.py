@@ -146,3 +146,12 @@ def test_cli_models_lists_catalogue():
     out = CliRunner().invoke(main, ["models"]).output
     for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
         assert name in out
+
+
+def test_derived_files_in_a_model_folder_do_not_break_loading(tiny_llama, tmp_path):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama, folder)
+    shutil.copy(folder / "model.safetensors", folder / "lowrank-0123456789abcdef.safetensors")
+    assert len(verispec.generate(load_model(str(folder)), input_ids=[1], max_new_tokens=2).token_ids) == 2

@@ -47,6 +47,12 @@ class GenerationStats:
         return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
     @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens after the first over the time after the prefill: compares runs of different lengths."""
+        seconds = self.wall_seconds - self.prefill_seconds
+        return (self.new_tokens - 1) / seconds if seconds > 0 and self.new_tokens > 1 else 0.0
+
+    @property
     def acceptance_rate(self) -> float:
         """Accepted drafts over drafted tokens (0 when nothing was drafted)."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
@@ -77,7 +83,7 @@ class GenerationStats:
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        for name in ("other_seconds", "tokens_per_second", "acceptance_rate", "acceptance_rate_by_position",
+        for name in ("other_seconds", "tokens_per_second", "decode_tokens_per_second", "acceptance_rate", "acceptance_rate_by_position",
                      "mean_accepted_length"):
             out[name] = getattr(self, name)
         return out

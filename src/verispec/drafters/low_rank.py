@@ -132,7 +132,7 @@ class LowRank(SelfDrafter):
         name = f"lowrank-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
         folder = getattr(model, "folder", None)
         if folder is not None and Path(folder).is_relative_to(cache_dir()):
-            return Path(folder) / name  # beside the converted weights
+            return Path(folder) / "lowrank" / name  # beside the converted weights
         return cache_dir() / "lowrank" / name
 
     def _load_or_compute(self, model: Any) -> dict[str, torch.Tensor]:

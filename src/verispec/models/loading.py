@@ -117,7 +117,7 @@ def load_native(folder: Path, dtype: torch.dtype) -> Transformer:
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(f for f in folder.glob("*.safetensors") if not f.name.startswith("lowrank-"))
     if not files:
         raise VerispecError(f"no *.safetensors weights in {folder}")
     state: dict[str, torch.Tensor] = {}
