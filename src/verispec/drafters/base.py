@@ -7,7 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from verispec.sampling import SamplingConfig
+from verispec.sampling import SamplingConfig, logits_to_probs, sample
 
 
 @dataclasses.dataclass
@@ -56,3 +56,13 @@ def validate_k(k: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise VerispecError(f"k (candidate length) must be an integer >= 1, got {k!r}")
     return k
+
+
+def draft_token(logits: torch.Tensor, sampling: SamplingConfig,
+                generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
+    """A drafter's choice from [vocab] logits: the argmax when greedy, else a sample from the same
+    transform the target uses, returned with that distribution (q)."""
+    if sampling.greedy:
+        return int(logits.argmax()), None
+    probs = logits_to_probs(logits, sampling)  # [vocab]
+    return sample(probs, generator), probs

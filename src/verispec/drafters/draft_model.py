@@ -7,9 +7,8 @@ from typing import Any
 
 import torch
 
-from verispec.drafters.base import DraftContext, Proposal, validate_k
+from verispec.drafters.base import DraftContext, Proposal, draft_token, validate_k
 from verispec.errors import VerispecError
-from verispec.sampling import logits_to_probs, sample
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +73,8 @@ class DraftModel:
         for _ in range(k):
             logits = self._fit_vocab(self.model.forward(feed, self.cache, self.cached, last_only=True))  # [1, vocab]
             self.cached += feed.numel()
-            if sampling.greedy:
-                token = int(logits[0].argmax())
-            else:
-                probs = logits_to_probs(logits[0], sampling)  # [vocab]
-                token = sample(probs, context.generator)
+            token, probs = draft_token(logits[0], sampling, context.generator)
+            if probs is not None:
                 probs_out.append(probs)
             tokens_out.append(token)
             feed = torch.tensor([token])

@@ -15,10 +15,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from verispec.drafters.base import DraftContext, Proposal, validate_k
+from verispec.drafters.base import DraftContext, Proposal, draft_token, validate_k
 from verispec.errors import VerispecError
 from verispec.models.transformer import LayerStep
-from verispec.sampling import logits_to_probs, sample
 
 
 DEFAULT_K = 4
@@ -60,11 +59,9 @@ class SelfDrafter:
         with torch.inference_mode():
             for i in range(k):
                 logits = self.draft_logits(model, cache, token, position + i)
-                if sampling.greedy:
-                    token = int(logits.argmax())
-                else:
-                    probs.append(logits_to_probs(logits, sampling))
-                    token = sample(probs[-1], context.generator)
+                token, q = draft_token(logits, sampling, context.generator)
+                if q is not None:
+                    probs.append(q)
                 tokens.append(token)
         return Proposal(torch.tensor(tokens), torch.stack(probs) if probs else None, draft_calls=k,
                         reuse=self.reuse_state())
