@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from verispec.models.config import ModelConfig
@@ -26,6 +28,18 @@ def tiny_model(vocab: int = 6, seed: int = 0, layers: int = 2, hidden: int = 16,
     model.tokenizer = None
     model.name = f"tiny-{seed}"
     return model.eval().requires_grad_(False)
+
+
+def perturbed(model: Transformer, seed: int, scale: float) -> Transformer:
+    """A copy of ``model`` with every weight nudged by Gaussian noise (``scale`` x its std): a draft
+    that resembles its target the way real drafts do."""
+    draft = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * scale * param.std())
+    draft.name = f"{model.name}-perturbed-{seed}"
+    return draft
 
 
 class TokenCache:

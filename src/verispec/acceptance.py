@@ -15,6 +15,7 @@ import dataclasses
 
 import torch
 
+from verispec.errors import VerispecError
 from verispec.sampling import sample
 
 
@@ -69,17 +70,31 @@ def exact_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, t
     draft_probs   # [K, vocab], or None for a deterministic draft (then q is one-hot on the draft)
     target_probs  # [K+1, vocab]
     """
-    K = draft_tokens.numel()
-    if draft_probs is None:
-        draft_probs = one_hot_drafts(draft_tokens, target_probs.shape[-1])
+    return draw_verdict(ExactRule().law(draft_tokens, draft_probs, target_probs), generator)
+
+
+@dataclasses.dataclass(frozen=True)
+class VerdictLaw:
+    """What a rule does with one proposal, as probabilities: the law every verdict is drawn from.
+
+    accept        # [K] float64: P(candidate i kept | candidates before it kept)
+    replacements  # [K+1, vocab]: the token sampled at the first rejection i (row i), or the bonus (row K)
+    Sampling (``draw_verdict``) and exact enumeration (``verispec.divergence``) both read this one law.
+    """
+
+    accept: torch.Tensor
+    replacements: torch.Tensor
+
+
+def draw_verdict(law: VerdictLaw, generator: torch.Generator) -> Verdict:
+    """K uniforms decide the kept prefix; one draw from the row after it gives the next token."""
+    K = law.accept.numel()
     uniforms = torch.rand(K, generator=generator, dtype=torch.float64)  # [K]
-    accept = uniforms < acceptance_probabilities(draft_tokens, draft_probs, target_probs)  # [K]
-    rejected = (~accept).nonzero()
+    rejected = (uniforms >= law.accept).nonzero()
     if rejected.numel() == 0:
-        return Verdict(K, sample(target_probs[K], generator), bonus=True)
+        return Verdict(K, sample(law.replacements[K].float(), generator), bonus=True)
     first = int(rejected[0])
-    residual = residual_distribution(target_probs[first], draft_probs[first])
-    return Verdict(first, sample(residual.float(), generator), bonus=False)
+    return Verdict(first, sample(law.replacements[first].float(), generator), bonus=False)
 
 
 def exact_verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -119,7 +134,52 @@ def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
     return Verdict(accepted, int(choices[accepted]), bonus=accepted == K)
 
 
-class ExactRule:
+class AcceptanceRule:
+    """Base of the rules: ``law`` says what the rule does; sampling and greedy verification follow from it.
+
+    Under greedy decoding the target's distribution is one-hot on its argmax; approximate rules judge
+    the drafts with the target's untempered softmax instead and replace a rejection by the argmax.
+    """
+
+    name = "rule"
+    exact = False
+
+    def law(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+            target_probs: torch.Tensor) -> VerdictLaw:
+        raise NotImplementedError
+
+    def verify(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+               generator: torch.Generator) -> Verdict:
+        return draw_verdict(self.law(draft_tokens, draft_probs, target_probs), generator)
+
+    def keeps(self, draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+        """[K] bool: which drafts a deterministic rule keeps (used for greedy decoding)."""
+        raise NotImplementedError
+
+    def verify_greedy(self, draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+        K = draft_tokens.numel()
+        keep = self.keeps(draft_tokens, torch.softmax(target_logits.double(), -1)) if K else torch.ones(0, dtype=torch.bool)
+        rejected = (~keep).nonzero()
+        accepted = K if rejected.numel() == 0 else int(rejected[0])
+        return Verdict(accepted, int(target_logits[accepted].argmax()), bonus=accepted == K)
+
+    def parameter(self) -> dict[str, float]:
+        return {}
+
+    def settings(self) -> dict[str, object]:
+        return {"acceptance": self.label()}
+
+    def label(self) -> str:
+        values = ",".join(f"{v:g}" for v in self.parameter().values())
+        return f"{self.name}:{values}" if values else self.name
+
+
+def _drafted(draft_tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """probs[i, x_i] as float64: [K]."""
+    return probs[: draft_tokens.numel()].gather(1, draft_tokens.view(-1, 1)).squeeze(1).double()
+
+
+class ExactRule(AcceptanceRule):
     """The exact rule: accept x with probability min(1, p(x)/q(x)), else sample the residual.
 
     Preserves the target's output distribution exactly.
@@ -128,9 +188,162 @@ class ExactRule:
     name = "exact"
     exact = True
 
-    def verify(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-               generator: torch.Generator) -> Verdict:
-        return exact_verify(draft_tokens, draft_probs, target_probs, generator)
+    def law(self, draft_tokens, draft_probs, target_probs) -> VerdictLaw:
+        K = draft_tokens.numel()
+        if draft_probs is None:
+            draft_probs = one_hot_drafts(draft_tokens, target_probs.shape[-1])
+        rows = [residual_distribution(target_probs[i], draft_probs[i]) for i in range(K)]
+        rows.append(target_probs[K].double())
+        return VerdictLaw(acceptance_probabilities(draft_tokens, draft_probs, target_probs), torch.stack(rows))
 
-    def settings(self) -> dict[str, object]:
-        return {"acceptance": self.name}
+    def verify_greedy(self, draft_tokens, target_logits) -> Verdict:
+        return greedy_verify(draft_tokens, target_logits)
+
+    def keeps(self, draft_tokens, target_probs) -> torch.Tensor:
+        return draft_tokens == target_probs[: draft_tokens.numel()].argmax(-1)
+
+
+class LenientRule(AcceptanceRule):
+    """Leviathan et al.'s lenience l: accept x with probability min(1, p(x) / (l·q(x))), else sample
+    max(0, p − l·q) normalised.
+
+    Moves the output distribution toward the draft's as l falls below 1 (l = 1 is the exact rule).
+    Under greedy decoding p is one-hot, so it keeps exactly the drafts the exact rule keeps.
+    """
+
+    name = "lenient"
+
+    def __init__(self, lenience: float) -> None:
+        if isinstance(lenience, bool) or not isinstance(lenience, (int, float)) or not 0 < lenience <= 1:
+            raise VerispecError(f"lenience must be a number in (0, 1] (1 is exact), got {lenience!r}")
+        self.lenience = float(lenience)
+        self.exact = self.lenience == 1.0
+
+    def parameter(self) -> dict[str, float]:
+        return {"lenience": self.lenience}
+
+    def law(self, draft_tokens, draft_probs, target_probs) -> VerdictLaw:
+        K = draft_tokens.numel()
+        if draft_probs is None:
+            draft_probs = one_hot_drafts(draft_tokens, target_probs.shape[-1])
+        l = self.lenience
+        p, q = _drafted(draft_tokens, target_probs), _drafted(draft_tokens, draft_probs)
+        accept = torch.where(q > 0, p / (l * q).clamp_min(1e-300), (p > 0).double()).clamp(max=1.0)
+        rows = []
+        for i in range(K):
+            residual = (target_probs[i].double() - l * draft_probs[i].double()).clamp_min(0)
+            rows.append(residual / residual.sum() if residual.sum() > 0 else target_probs[i].double() / target_probs[i].double().sum())
+        rows.append(target_probs[K].double())
+        return VerdictLaw(accept, torch.stack(rows))
+
+    def keeps(self, draft_tokens, target_probs) -> torch.Tensor:
+        return draft_tokens == target_probs[: draft_tokens.numel()].argmax(-1)
+
+
+class _ForcedAcceptanceRule(ExactRule):
+    """The exact rule, except that drafts in a set S chosen from p alone are kept outright.
+
+    A draft outside S still faces the exact test min(1, p(x)/q(x)), and a rejection samples the exact
+    residual max(0, p − q) normalised. At one position the output law then moves from p by exactly
+    the mass forced in: total variation = sum over x in S of max(0, q(x) − p(x)), which can only grow
+    as S grows. (Medusa rejects every draft outside S outright; verispec keeps the exact test there,
+    which accepts more and loses nothing more.)
+    """
+
+    exact = False
+
+    def law(self, draft_tokens, draft_probs, target_probs) -> VerdictLaw:
+        exact = super().law(draft_tokens, draft_probs, target_probs)
+        keep = self.keeps(draft_tokens, target_probs.double())
+        return VerdictLaw(torch.where(keep, torch.ones_like(exact.accept), exact.accept), exact.replacements)
+
+    def verify_greedy(self, draft_tokens, target_logits) -> Verdict:
+        return AcceptanceRule.verify_greedy(self, draft_tokens, target_logits)
+
+
+class TypicalRule(_ForcedAcceptanceRule):
+    """Medusa's typical acceptance: keep x outright when p(x) > min(epsilon, delta·exp(−H(p))); any
+    other draft faces the exact test, and a rejection samples the exact residual.
+
+    Adds to each position's law the draft's excess mass max(0, q − p) on the target's typical set,
+    so the loss grows as epsilon (and delta) fall. delta defaults to sqrt(epsilon), Medusa's pairing.
+    Under greedy decoding the set uses the untempered softmax and a rejection takes the argmax.
+    """
+
+    name = "typical"
+
+    def __init__(self, epsilon: float, delta: float | None = None) -> None:
+        for label, value in (("epsilon", epsilon), ("delta", delta)):
+            if value is None and label == "delta":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise VerispecError(f"typical acceptance: {label} must be a number > 0, got {value!r}")
+        self.epsilon = float(epsilon)
+        self.delta = float(delta) if delta is not None else self.epsilon ** 0.5
+
+    def parameter(self) -> dict[str, float]:
+        return {"epsilon": self.epsilon, "delta": self.delta}
+
+    def keeps(self, draft_tokens, target_probs) -> torch.Tensor:
+        probs = target_probs[: draft_tokens.numel()].double()  # [K, vocab]
+        entropy = -(probs * probs.clamp_min(1e-300).log()).sum(-1)  # [K]
+        threshold = torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
+        return _drafted(draft_tokens, probs) > threshold
+
+
+
+class TopKRule(_ForcedAcceptanceRule):
+    """Top-k membership: keep x outright when it is among the target's k most likely tokens; any other
+    draft faces the exact test, and a rejection samples the exact residual.
+
+    Adds to each position's law the draft's excess mass max(0, q − p) on the target's top k, so the
+    loss grows with k; under greedy decoding k = 1 is plain greedy verification.
+    """
+
+    name = "topk"
+
+    def __init__(self, k: int) -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise VerispecError(f"top-k membership: k must be an integer >= 1, got {k!r}")
+        self.k = k
+
+    def parameter(self) -> dict[str, float]:
+        return {"k": self.k}
+
+    def keeps(self, draft_tokens, target_probs) -> torch.Tensor:
+        probs = target_probs[: draft_tokens.numel()].double()  # [K, vocab]
+        k = min(self.k, probs.shape[-1])
+        kth = probs.topk(k, dim=-1).values[:, -1]  # [K]
+        p = _drafted(draft_tokens, probs)
+        return (p >= kth) & (p > 0)
+
+
+
+RULES = {"exact": ExactRule, "lenient": LenientRule, "typical": TypicalRule, "topk": TopKRule}
+
+
+def parse_rule(spec: "str | AcceptanceRule | None") -> AcceptanceRule:
+    """'exact', 'lenient:0.5', 'typical:0.09' or 'typical:0.09,0.3' (epsilon, delta), 'topk:3'; or a rule."""
+    if spec is None:
+        return ExactRule()
+    if isinstance(spec, AcceptanceRule) or (hasattr(spec, "verify") and hasattr(spec, "settings")):
+        return spec  # a rule object (duck-typed rules need verify, settings and exact)
+    if not isinstance(spec, str):
+        raise VerispecError(f"acceptance must be a rule name like 'lenient:0.5' or a rule object, got {spec!r}")
+    name, _, args = spec.strip().partition(":")
+    if name not in RULES:
+        raise VerispecError(f"unknown acceptance rule '{name}'; choose from {', '.join(RULES)}")
+    try:
+        values = [float(v) for v in args.split(",")] if args.strip() else []
+    except ValueError:
+        raise VerispecError(f"acceptance '{spec}': parameters must be numbers") from None
+    wanted = {"exact": (0, 0), "lenient": (1, 1), "typical": (1, 2), "topk": (1, 1)}[name]
+    if not wanted[0] <= len(values) <= wanted[1]:
+        raise VerispecError(f"acceptance '{spec}': {name} takes {wanted[0]}"
+                            f"{'-' + str(wanted[1]) if wanted[1] != wanted[0] else ''} parameter(s), "
+                            "e.g. exact, lenient:0.5, typical:0.09 (or typical:0.09,0.3), topk:3")
+    if name == "topk":
+        if values[0] != int(values[0]):
+            raise VerispecError(f"top-k membership: k must be an integer >= 1, got {values[0]:g}")
+        values = [int(values[0])]
+    return RULES[name](*values)

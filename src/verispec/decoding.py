@@ -13,7 +13,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from verispec.acceptance import ExactRule, greedy_verify
+from verispec.acceptance import greedy_verify, parse_rule
 from verispec.drafters.base import DraftContext, Drafter, Proposal
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig, logits_to_probs
@@ -39,6 +39,7 @@ class GenerationResult:
     finish_reason: str  # "eos", "length" or "stop"
     stats: GenerationStats
     prompt_ids: list[int]
+    target_logprobs: list[float] = dataclasses.field(default_factory=list)  # log p_target(token), T=1, per new token
 
 
 def encode_prompt(model: Any, prompt: str, chat: bool = False) -> list[int]:
@@ -102,7 +103,7 @@ class Generation:
                  drafter: Drafter | None = None, stop: Sequence[str] | str | None = None,
                  chat: bool = False, acceptance: Any = None, ignore_eos: bool = False) -> None:
         self.model, self.drafter = model, drafter
-        self.acceptance = acceptance or ExactRule()
+        self.acceptance = parse_rule(acceptance)
         self.sampling = sampling or SamplingConfig()
         if not isinstance(self.sampling, SamplingConfig):
             raise VerispecError("sampling must be a verispec.SamplingConfig")
@@ -131,6 +132,7 @@ class Generation:
         self.stats.settings.update(self.acceptance.settings())
         self.finish_reason: str | None = None
         self.new_ids: list[int] = []
+        self.target_logprobs: list[float] = []
 
     def _prompt_ids(self, prompt: str | None, input_ids: Sequence[int] | None, chat: bool) -> list[int]:
         if (prompt is None) == (input_ids is None):
@@ -143,7 +145,9 @@ class Generation:
             raise VerispecError(f"input_ids must lie in [0, {vocab})")
         return ids
 
-    def _commit(self, new: list[int], drafted: int, accepted: int) -> Step:
+    def _commit(self, new: list[int], drafted: int, accepted: int, logits: torch.Tensor) -> Step:
+        """Commit ``new`` (cut at EOS / stop / length); ``logits`` [len(new), vocab] are the target's rows
+        that chose them, kept as log-probabilities for quality checks (one logsumexp per token)."""
         kept: list[int] = []
         for token in new:
             kept.append(token)
@@ -156,6 +160,9 @@ class Generation:
             if self.finish_reason:
                 break
         self.new_ids.extend(kept)
+        rows = logits[: len(kept)].float()
+        chosen = rows.gather(1, torch.tensor(kept).view(-1, 1)).squeeze(1) - rows.logsumexp(-1)
+        self.target_logprobs.extend(chosen.tolist())
         self.stats.new_tokens = len(self.new_ids)
         return Step(kept, self.text.delta() if self.text.tokenizer is not None else "", drafted, accepted)
 
@@ -170,7 +177,7 @@ class Generation:
         first = self._verify(torch.empty(0, dtype=torch.long), None, logits).next_token
         stats.prefill_seconds = stats.first_token_seconds = time.perf_counter() - start
         tokens.append(first)
-        yield self._commit([first], 0, 0)
+        yield self._commit([first], 0, 0, logits[-1:])
         context = DraftContext(tokens, model, cache, self.sampling, self.generator)
         if drafter is not None and not self.finish_reason:
             drafter.start(context)
@@ -201,12 +208,12 @@ class Generation:
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
             stats.record_step(proposal.tokens.numel(), verdict.num_accepted, len(new))
-            yield self._commit(new, proposal.tokens.numel(), verdict.num_accepted)
+            yield self._commit(new, proposal.tokens.numel(), verdict.num_accepted, logits)
         stats.wall_seconds = time.perf_counter() - start
 
     def _verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor):
         if self.sampling.greedy:
-            return greedy_verify(drafts, logits)
+            return getattr(self.acceptance, "verify_greedy", greedy_verify)(drafts, logits)
         return self.acceptance.verify(drafts, draft_probs, logits_to_probs(logits, self.sampling), self.generator)
 
     def result(self) -> GenerationResult:
@@ -214,7 +221,8 @@ class Generation:
             for _ in self:
                 pass
         text = self.text.full() if self.text.tokenizer is not None else None
-        return GenerationResult(self.new_ids, text, self.finish_reason, self.stats, self.prompt_ids)
+        return GenerationResult(self.new_ids, text, self.finish_reason, self.stats, self.prompt_ids,
+                                self.target_logprobs)
 
 
 def stream(model: Any, prompt: str | None = None, **kwargs: Any) -> Generation:
@@ -228,7 +236,8 @@ def generate(model: Any, prompt: str | None = None, *, input_ids: Sequence[int] 
              ignore_eos: bool = False) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens; ``drafter=None`` is plain autoregressive decoding.
 
-    ``acceptance`` is the rule that judges drafts under sampling (default: the exact rule).
+    ``acceptance`` is the rule that judges drafts: a ``verispec.acceptance`` rule or its spec string
+    ('exact' (default), 'lenient:0.5', 'typical:0.09', 'topk:3'); approximate rules mark the stats.
     ``ignore_eos`` generates exactly ``max_new_tokens`` (benchmarks compare equal lengths).
     """
     return Generation(model, prompt, input_ids=input_ids, max_new_tokens=max_new_tokens, sampling=sampling,
