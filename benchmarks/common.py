@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -20,17 +19,9 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
 def machine() -> dict[str, Any]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": torch.get_num_threads(), "torch": torch.__version__,
-            "isa": torch.backends.cpu.get_cpu_capability(), "verispec": verispec.__version__,
-            "python": platform.python_version()}
+    from verispec.bench.runner import hardware, versions
+
+    return {**hardware(), **versions()}
 
 
 def read_bandwidth_gbs(megabytes: int = 1024, repeats: int = 5) -> float:

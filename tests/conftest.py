@@ -38,6 +38,39 @@ def build_tiny_checkpoint(folder: Path, arch: str = "llama", vocab: int = 64, la
     return folder
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def save_tiny_tokenizer(folder: Path, vocab: int) -> None:
+    """A byte-level BPE tokenizer of exactly ``vocab`` entries, trained on a few lines, with a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    corpus = ["def add(a, b):\n    return a + b\n", "Translate German to English: guten Tag", "the cat sat on the mat"] * 20
+    tokenizer.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(folder))
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_pair(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny target and draft (same tokenizer, with a chat template) for end-to-end benchmarks."""
+    folders = []
+    for name, layers, seed in (("target", 2, 11), ("draft", 1, 12)):
+        folder = build_tiny_checkpoint(tmp_path_factory.mktemp(f"tiny_{name}"), "llama", vocab=300, layers=layers,
+                                       seed=seed)
+        save_tiny_tokenizer(folder, 300)
+        folders.append(folder)
+    return folders[0], folders[1]
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama"), "llama", seed=1)

@@ -94,6 +94,8 @@ def sampling_options(func: Callable) -> Callable:
 @click.option("-k", "--num-candidates", "k", default=None, type=int,
               help="Candidate length K per step (default: 5 for draft models and prompt lookup, 4 for "
                    "self-speculative drafters, or the tuned file's).")
+@click.option("--acceptance", default="exact", show_default=True,
+              help="Acceptance rule: exact, or an APPROXIMATE one: lenient:L (0<L<=1), typical:EPS[,DELTA], topk:K.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print tokens as they are made.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result and stats as JSON.")
 @_errors_to_messages
@@ -101,7 +103,7 @@ def generate(prompt: str, model: str, dtype: str, backend: str, threads: int | N
              top_k: int, top_p: float, seed: int | None, max_new_tokens: int, chat: bool, stop: tuple[str, ...],
              draft: str | None, layer_skip: str | None, early_exit: str | None, low_rank_rank: int | None,
              low_rank_energy: float | None, low_rank_targets: str, prompt_lookup: int | None, k: int | None,
-             stream: bool, as_json: bool) -> None:
+             acceptance: str, stream: bool, as_json: bool) -> None:
     """Generate a continuation of PROMPT: plain, or speculative with one draft source."""
     from verispec.commands import GenerateRequest, run_generate
 
@@ -111,7 +113,7 @@ def generate(prompt: str, model: str, dtype: str, backend: str, threads: int | N
                               layer_skip=layer_skip, early_exit=early_exit, low_rank_rank=low_rank_rank,
                               low_rank_energy=low_rank_energy,
                               low_rank_targets=tuple(t.strip() for t in low_rank_targets.split(",") if t.strip()),
-                              prompt_lookup=prompt_lookup)
+                              prompt_lookup=prompt_lookup, acceptance=acceptance)
     run_generate(request, stream=stream and not as_json, as_json=as_json)
 
 
@@ -172,6 +174,117 @@ def demo(model: str, dtype: str, backend: str, threads: int | None, prompt: str 
 
     run_demo(model=model, dtype=dtype, backend=backend, threads=threads, prompt=prompt,
              max_new_tokens=max_new_tokens)
+
+
+def _csv_ints(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise VerispecError(f"{flag} takes comma-separated integers, got '{text}'") from None
+
+
+@main.command()
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option("--model", "-m", "target", default=None, help="Target model (default: the config's, else smollm2-135m).")
+@click.option("--dtype", default=None, type=click.Choice(["bfloat16", "float32", "float16", "bf16", "fp32", "fp16"]))
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="torch intra-op threads.")
+@click.option("--workload", "workloads", multiple=True,
+              help="humaneval, spec_bench, spec_bench/<category>, or FILE.jsonl with a 'prompt' field (repeatable).")
+@click.option("--data-dir", default=None, help="Folder holding spec_bench/question.jsonl and humaneval/HumanEval.jsonl.gz.")
+@click.option("--prompts", type=int, default=None, help="Prompts per workload (per Spec-Bench category).")
+@click.option("--max-new-tokens", "-n", type=int, default=None)
+@click.option("--repetitions", type=int, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--temperature", "-t", "temperatures", multiple=True, type=float,
+              help="Decoding modes: 0 is greedy (repeatable, e.g. -t 0 -t 0.7).")
+@click.option("--top-k", type=int, default=0, show_default=True, help="Top-k of the sampled modes given by -t.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="Top-p of the sampled modes given by -t.")
+@click.option("--draft", default=None, help="Add draft-model speculative decoding with this draft.")
+@click.option("--layer-skip", default=None, help="Add layer skipping (JSON from `verispec tune`, or 3,5,7).")
+@click.option("--early-exit", default=None, help="Add early exit at this layer (or a tuned JSON file).")
+@click.option("--low-rank-rank", type=int, default=None, help="Add a low-rank draft of this rank.")
+@click.option("--prompt-lookup", type=int, default=None, help="Add prompt lookup with this n-gram size.")
+@click.option("--hf-assisted", default=None, help="Add transformers' assisted generation with this assistant model.")
+@click.option("--hf-prompt-lookup", type=int, default=None, help="Add transformers' prompt lookup (this n-gram size).")
+@click.option("--hf-plain", is_flag=True, help="Add transformers' plain generate.")
+@click.option("-k", "ks", default=None, help="Candidate lengths for the methods added by flags, e.g. 2,4.")
+@click.option("--acceptance", "rules", multiple=True,
+              help="Acceptance rules for the verispec methods added by flags (repeatable): exact, lenient:L, typical:EPS, topk:K.")
+@click.option("--output", "-o", default="bench-results.jsonl", show_default=True, help="Results file (JSON Lines).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing results file.")
+@click.option("--report/--no-report", "make_report", default=True, show_default=True,
+              help="Render the report (markdown, HTML, plots) next to the results when done.")
+@_errors_to_messages
+def bench(config: str | None, target: str | None, dtype: str | None, threads: int | None, workloads: tuple[str, ...],
+          data_dir: str | None, prompts: int | None, max_new_tokens: int | None, repetitions: int | None,
+          seed: int | None, temperatures: tuple[float, ...], top_k: int, top_p: float, draft: str | None,
+          layer_skip: str | None, early_exit: str | None, low_rank_rank: int | None, prompt_lookup: int | None,
+          hf_assisted: str | None, hf_prompt_lookup: int | None, hf_plain: bool, ks: str | None,
+          rules: tuple[str, ...], output: str, overwrite: bool, make_report: bool) -> None:
+    """Benchmark methods against plain decoding on the same prompts, interleaved; write JSONL records.
+
+    CONFIG is a TOML file (see docs/bench.md); flags override its values and add methods.
+    """
+    from verispec.bench import load_config, render_report, run_bench
+    from verispec.bench.config import read_toml
+
+    raw = read_toml(config) if config else {}
+    methods = list(raw.get("methods", []))
+    k_values = _csv_ints(ks, "-k")
+    extra = {"k": k_values} if k_values else {}
+    if rules:
+        extra["acceptance"] = list(rules)
+    verispec_extra = dict(extra)
+    hf_extra = {"k": k_values} if k_values else {}
+    added = []
+    if draft:
+        added.append({"name": "draft-model", "draft": draft, **verispec_extra})
+    if layer_skip:
+        skip = layer_skip if layer_skip.endswith(".json") else _csv_ints(layer_skip, "--layer-skip")
+        added.append({"name": "layer-skip", "skip": skip, **verispec_extra})
+    if early_exit:
+        added.append({"name": "early-exit", "layer": int(early_exit) if early_exit.isdigit() else early_exit, **verispec_extra})
+    if low_rank_rank:
+        added.append({"name": "low-rank", "rank": low_rank_rank, **verispec_extra})
+    if prompt_lookup:
+        added.append({"name": "prompt-lookup", "ngram": prompt_lookup, **verispec_extra})
+    if hf_assisted:
+        added.append({"name": "hf-assisted", "draft": hf_assisted, **hf_extra})
+    if hf_prompt_lookup:
+        added.append({"name": "hf-prompt-lookup", "ngram": hf_prompt_lookup, **hf_extra})
+    if hf_plain:
+        added.append({"name": "hf-plain"})
+    if (ks or rules) and not added:
+        raise VerispecError("-k and --acceptance apply to methods added by flags (--draft, --layer-skip, ...); "
+                            "in a config file, set them per method")
+    if not methods and not added:
+        raise VerispecError("nothing to compare: give a config file or a method flag "
+                            "(--draft, --layer-skip, --early-exit, --low-rank-rank, --prompt-lookup, --hf-assisted, ...)")
+    sampling = [{"temperature": t, **({"top_k": top_k, "top_p": top_p} if t > 0 else {})} for t in temperatures]
+    raw.setdefault("target", DEFAULT_MODEL)
+    bench_config = load_config(base={**raw, "methods": methods + added}, target=target, dtype=dtype,
+                               threads=threads, workloads=list(workloads), data_dir=data_dir, prompts=prompts,
+                               max_new_tokens=max_new_tokens, repetitions=repetitions, seed=seed,
+                               sampling=sampling or None)
+    path = run_bench(bench_config, output, overwrite=overwrite)
+    if make_report:
+        click.echo(f"report: {render_report(path)}")
+    else:
+        click.echo(f"results: {path} (render with `verispec report {path}`)")
+
+
+@main.command()
+@click.argument("results", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", default=None, help="Report folder (default: RESULTS_report/ beside the file).")
+@click.option("--no-plots", is_flag=True, help="Tables only (markdown and HTML).")
+@_errors_to_messages
+def report(results: str, output: str | None, no_plots: bool) -> None:
+    """Render a `verispec bench` results file as markdown, HTML and PNG plots."""
+    from verispec.bench import render_report
+
+    click.echo(f"report: {render_report(results, output, plot=not no_plots)}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ class GenerateRequest:
     low_rank_energy: float | None = None
     low_rank_targets: tuple[str, ...] = ("attention", "mlp")
     prompt_lookup: int | None = None  # n-gram size
+    acceptance: str = "exact"  # or an approximate rule: lenient:L, typical:EPS[,DELTA], topk:K
 
 
 def make_drafter(request: GenerateRequest) -> Any:
@@ -91,7 +92,7 @@ def run_generate(request: GenerateRequest, stream: bool = True, as_json: bool = 
     target = load_model(request.model, dtype=request.dtype, backend=request.backend)
     drafter = make_drafter(request)
     run = Generation(target, request.prompt, max_new_tokens=request.max_new_tokens, sampling=sampling,
-                     drafter=drafter, stop=request.stop, chat=request.chat)
+                     drafter=drafter, stop=request.stop, chat=request.chat, acceptance=request.acceptance)
     for step in run:
         if stream:
             sys.stdout.write(step.text)

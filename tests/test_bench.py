@@ -1,0 +1,278 @@
+"""`verispec bench` and `verispec report`: end to end on tiny models, record schema, clear errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from verispec.bench import load_config, load_workload, read_results
+from verispec.bench.metrics import chrf, first_divergence, rouge_l
+from verispec.cli import main
+from verispec.errors import VerispecError
+from tests.conftest import requires_shared
+
+NUMBER = (int, float)
+OPTIONAL_NUMBER = (int, float, type(None))
+# The record contract, field by field: name -> allowed types.
+RECORD_SCHEMA = {
+    "type": str, "schema": int, "method": str, "setting": str, "engine": str, "params": dict, "target": str,
+    "pair": str, "k": int, "acceptance": str, "exact": bool, "hardware": dict, "versions": dict, "dtype": str,
+    "workload": str, "prompt_id": str, "chat_template": bool, "repetition": int, "prompt_tokens": int,
+    "output_tokens": int, "mode": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER, "seed": int,
+    "target_calls": int, "draft_calls": (int, type(None)), "drafted_tokens": (int, type(None)),
+    "accepted_tokens": (int, type(None)), "acceptance_rate": OPTIONAL_NUMBER,
+    "acceptance_by_position": (list, type(None)), "mean_accepted_length": NUMBER,
+    "target_calls_per_token": NUMBER, "latency_s": NUMBER, "ttft_s": NUMBER, "per_token_latency_s": NUMBER,
+    "tokens_per_s": NUMBER, "decode_tokens_per_s": NUMBER, "draft_s": OPTIONAL_NUMBER, "verify_s": OPTIONAL_NUMBER,
+    "other_s": OPTIONAL_NUMBER, "speedup": NUMBER, "identical_to_plain": (bool, type(None)),
+    "first_divergence": (int, type(None)), "target_logprob_mean": NUMBER, "plain_target_logprob_mean": NUMBER,
+    "metric": (str, type(None)), "metric_value": OPTIONAL_NUMBER, "plain_metric_value": OPTIONAL_NUMBER,
+    "settings": dict, "output_text": str, "output_ids": list,
+}
+HARDWARE_FIELDS = {"cpu", "cores", "threads", "isa", "accelerator", "device"}
+VERSION_FIELDS = {"verispec", "torch", "transformers", "python"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """A small Spec-Bench / HumanEval lookalike with references for the task metrics."""
+    root = tmp_path_factory.mktemp("data")
+    (root / "spec_bench").mkdir()
+    (root / "humaneval").mkdir()
+    rows = [{"question_id": 1, "category": "writing", "turns": ["Write about cats."]},
+            {"question_id": 2, "category": "translation", "turns": ["Translate German to English: guten Tag"],
+             "reference": ["good day"]},
+            {"question_id": 3, "category": "summarization", "turns": ["Summarize: the cat sat on the mat."],
+             "reference": ["cat sat"]}]
+    (root / "spec_bench" / "question.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    with gzip.open(root / "humaneval" / "HumanEval.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def add(a, b):\n"}) + "\n")
+    return root
+
+
+def _config(tmp_path: Path, target: Path, draft: Path, data: Path) -> Path:
+    text = f"""
+target = "{target}"
+dtype = "float32"
+workloads = ["humaneval", "spec_bench/translation", "spec_bench/summarization", "spec_bench/mt_bench"]
+prompts = 1
+max_new_tokens = 10
+data_dir = "{data}"
+[[sampling]]
+temperature = 0.0
+[[sampling]]
+temperature = 0.8
+top_p = 0.95
+[[methods]]
+name = "draft-model"
+draft = "{draft}"
+k = [2, 3]
+acceptance = ["exact", "lenient:0.5"]
+[[methods]]
+name = "layer-skip"
+skip = [1]
+k = 2
+[[methods]]
+name = "early-exit"
+layer = 1
+k = 2
+[[methods]]
+name = "prompt-lookup"
+ngram = 2
+[[methods]]
+name = "hf-assisted"
+draft = "{draft}"
+k = 3
+[[methods]]
+name = "hf-prompt-lookup"
+k = 3
+"""
+    path = tmp_path / "bench.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory, tiny_chat_pair, data_dir):
+    tmp = tmp_path_factory.mktemp("bench")
+    target, draft = tiny_chat_pair
+    config = _config(tmp, target, draft, data_dir)
+    out = tmp / "results.jsonl"
+    result = CliRunner().invoke(main, ["bench", str(config), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return out, result.output
+
+
+def test_bench_end_to_end_writes_records_summaries_and_report(bench_run):
+    out, output = bench_run
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    meta, records = read_results(out)
+    assert lines[0]["type"] == "meta" and meta["config"]["max_new_tokens"] == 10
+    settings = 1 + 4 + 1 + 1 + 1 + 2  # plain, draft-model x 2 K x 2 rules, layer skip, early exit, prompt lookup, 2 hf
+    assert len(records) == meta["runs"] == 4 * 2 * settings  # 4 prompts x 2 modes
+    summaries = [r for r in lines if r["type"] == "summary"]
+    assert len(summaries) == 4 * 2 * settings
+    # plain runs precede the methods of the same prompt: interleaved, never all plain first
+    first_prompt = [r["setting"] for r in records[:settings]]
+    assert first_prompt[0] == "plain" and len(set(first_prompt)) == settings
+    for r in records:
+        if r["setting"] == "plain":
+            assert r["speedup"] == 1.0 and r["k"] == 0
+        if r["mode"] == "greedy" and r["exact"] and r["engine"] == "verispec":
+            assert r["identical_to_plain"] is True, r["setting"]  # fp32: exact greedy equals plain greedy
+        if not r["exact"]:
+            assert r["acceptance"] == "lenient:0.5" and "lenient" in r["setting"]
+        if r["workload"] == "spec_bench/translation":
+            assert r["metric"] == "chrf" and 0 <= r["metric_value"] <= 100
+        if r["engine"] == "transformers":
+            assert r["target_calls"] >= 1 and r["target_calls"] <= r["output_tokens"]
+        assert r["chat_template"] == (r["workload"] != "humaneval")
+        assert r["output_tokens"] == 10 == len(r["output_ids"])
+    report = out.parent / "results_report"
+    md = (report / "report.md").read_text()
+    for name in ("speedup_vs_k.png", "acceptance_by_position.png", "time_split.png"):
+        assert (report / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in md
+    assert "## spec_bench/translation" in md and "APPROXIMATE" in md and "(transformers)" in md
+    assert "<table>" in (report / "report.html").read_text()
+    assert "ETA" in output  # progress display
+
+
+def test_every_record_field_has_its_type(bench_run):
+    _, records = read_results(bench_run[0])
+    for r in records:
+        assert set(r) == set(RECORD_SCHEMA), set(r) ^ set(RECORD_SCHEMA)
+        for name, kinds in RECORD_SCHEMA.items():
+            assert isinstance(r[name], kinds), (name, r[name])
+        assert set(r["hardware"]) == HARDWARE_FIELDS and set(r["versions"]) == VERSION_FIELDS
+        assert r["hardware"]["threads"] >= 1 and r["versions"]["torch"]
+        drafting = r["k"] > 0
+        if drafting and r["engine"] == "verispec":
+            if r["method"] != "prompt-lookup":  # lookup proposes only what it finds, possibly nothing
+                assert r["drafted_tokens"] > 0 and len(r["acceptance_by_position"]) == r["k"]
+            assert len(r["acceptance_by_position"]) <= r["k"]
+            if r["drafted_tokens"]:
+                assert r["acceptance_rate"] == pytest.approx(r["accepted_tokens"] / r["drafted_tokens"])
+            assert r["draft_s"] >= 0 and r["verify_s"] > 0
+        if r["mode"] == "greedy":
+            assert r["identical_to_plain"] is not None and r["temperature"] == 0
+        else:
+            assert r["identical_to_plain"] is None and r["first_divergence"] is None and r["top_p"] == 0.95
+        assert r["latency_s"] >= r["ttft_s"] > 0
+
+
+def test_report_command_rerenders(bench_run, tmp_path):
+    result = CliRunner().invoke(main, ["report", str(bench_run[0]), "-o", str(tmp_path / "r"), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "r" / "report.md").exists() and not (tmp_path / "r" / "time_split.png").exists()
+
+
+def test_existing_results_are_not_overwritten(bench_run, tiny_chat_pair, data_dir):
+    result = CliRunner().invoke(main, ["bench", "-m", str(tiny_chat_pair[0]), "--prompt-lookup", "2",
+                                       "--data-dir", str(data_dir), "-o", str(bench_run[0])])
+    assert result.exit_code == 2 and "--overwrite" in result.output
+
+
+def test_flags_build_the_same_config(tiny_chat_pair, data_dir, tmp_path):
+    target, draft = tiny_chat_pair
+    out = tmp_path / "flags.jsonl"
+    result = CliRunner().invoke(main, ["bench", "-m", str(target), "--dtype", "float32", "--draft", str(draft),
+                                       "-k", "2", "--acceptance", "exact", "--acceptance", "topk:2",
+                                       "--workload", "spec_bench/translation", "--data-dir", str(data_dir),
+                                       "--prompts", "1", "-n", "6", "-t", "0", "-t", "0.7", "-o", str(out), "--no-report"])
+    assert result.exit_code == 0, result.output
+    _, records = read_results(out)
+    name = draft.name
+    assert sorted({r["setting"] for r in records}) == [f"draft-model(draft={name}) K=2", f"draft-model(draft={name}) K=2 [topk:2]", "plain"]
+    assert {r["mode"] for r in records} == {"greedy", "sampled"}
+
+
+def test_missing_data_files_are_clear_errors(tmp_path, tiny_chat_pair):
+    for workload in ("humaneval", "spec_bench", "spec_bench/qa"):
+        with pytest.raises(VerispecError, match="--data-dir"):
+            load_workload(workload, 1, tmp_path)
+    result = CliRunner().invoke(main, ["bench", "-m", str(tiny_chat_pair[0]), "--prompt-lookup", "2",
+                                       "--workload", "humaneval", "--data-dir", str(tmp_path), "-o", str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 2 and "HumanEval prompts are missing" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_user_jsonl_workloads(tmp_path):
+    good = tmp_path / "mine.jsonl"
+    good.write_text(json.dumps({"prompt": "hi", "id": "a", "reference": "hello", "metric": "chrf"}) + "\n"
+                    + json.dumps({"prompt": "bye"}) + "\n")
+    prompts = load_workload(str(good), 5)
+    assert [p.id for p in prompts] == ["a", "1"] and prompts[0].metric == "chrf" and prompts[1].reference is None
+    assert prompts[0].workload == "mine"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "no prompt field"}) + "\n")
+    with pytest.raises(VerispecError, match="'prompt'"):
+        load_workload(str(bad), 5)
+    with pytest.raises(VerispecError, match="does not exist"):
+        load_workload(str(tmp_path / "absent.jsonl"), 5)
+    with pytest.raises(VerispecError, match="unknown workload"):
+        load_workload("mmlu", 5)
+    with pytest.raises(VerispecError, match="unknown Spec-Bench category"):
+        load_workload("spec_bench/poetry", 5, tmp_path)
+
+
+def test_shared_spec_bench_and_humaneval_load():
+    data = requires_shared() / "data"
+    prompts = load_workload("spec_bench", 2, data)
+    assert sorted({p.workload for p in prompts}) == sorted(f"spec_bench/{c}" for c in
+                                                            ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag"))
+    assert len(prompts) == 12
+    translation = [p for p in prompts if p.workload == "spec_bench/translation"]
+    assert all(p.reference and p.metric == "chrf" for p in translation)
+    humaneval = load_workload("humaneval", 3, data)
+    assert len(humaneval) == 3 and humaneval[0].id == "HumanEval/0" and humaneval[0].completion
+
+
+BAD_CONFIGS = {
+    "no target": ({"methods": []}, "'target'"),
+    "unknown key": ({"target": "m", "tempreature": 1}, "unknown key 'tempreature'"),
+    "unknown method": ({"target": "m", "methods": [{"name": "medusa"}]}, "unknown method 'medusa'"),
+    "missing draft": ({"target": "m", "methods": [{"name": "draft-model"}]}, "missing 'draft'"),
+    "bad k": ({"target": "m", "methods": [{"name": "prompt-lookup", "k": 0}]}, "'k' must be an integer >= 1"),
+    "bad rule": ({"target": "m", "methods": [{"name": "prompt-lookup", "acceptance": "lenient:2"}]}, "lenience"),
+    "hf approx": ({"target": "m", "methods": [{"name": "hf-assisted", "draft": "d", "acceptance": "topk:2"}]},
+                  "only its exact rule"),
+    "method key": ({"target": "m", "methods": [{"name": "early-exit", "layer": 2, "rank": 3}]}, "unknown key 'rank'"),
+    "low rank both": ({"target": "m", "methods": [{"name": "low-rank", "rank": 8, "energy": 0.9}]}, "exactly one"),
+    "bad sampling": ({"target": "m", "sampling": [{"temperature": -1}]}, "sampling\\[0\\]"),
+    "bad dtype": ({"target": "m", "dtype": "int3"}, "dtype"),
+    "bad tokens": ({"target": "m", "max_new_tokens": 0}, "max_new_tokens"),
+    "duplicate": ({"target": "m", "methods": [{"name": "prompt-lookup"}, {"name": "prompt-lookup"}]}, "twice"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CONFIGS))
+def test_bad_configs_are_clear_errors(case):
+    raw, message = BAD_CONFIGS[case]
+    with pytest.raises(VerispecError, match=message):
+        load_config(base=raw)
+
+
+def test_bad_config_files_fail_cleanly_on_the_cli(tmp_path):
+    broken = tmp_path / "broken.toml"
+    broken.write_text("target = \n")
+    for args in (["bench", str(broken)], ["bench", str(tmp_path / "absent.toml")], ["bench"],
+                 ["report", str(tmp_path / "absent.jsonl")], ["report", str(broken)]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.startswith("error:") and "Traceback" not in result.output
+
+
+def test_metrics():
+    assert chrf("good day", "good day") == pytest.approx(100)
+    assert chrf("xyz", "abc") == 0
+    assert 0 < chrf("good morning", "good day") < 100
+    assert rouge_l("the cat sat", "the cat was sat") == pytest.approx(100 * 2 * 1 * 0.75 / 1.75)
+    assert rouge_l("", "x") == 0
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
