@@ -100,3 +100,20 @@ def test_rule_objects_validate_too():
             make()
     assert parse_rule("typical:0.09").delta == pytest.approx(0.3)
     assert parse_rule("typical:0.09,0.5").delta == 0.5
+
+
+def test_cli_acceptance_flag(tiny_chat_pair):
+    from click.testing import CliRunner
+
+    from verispec.cli import main
+
+    target, draft = tiny_chat_pair
+    base = ["generate", "hello", "-m", str(target), "--draft", str(draft), "--dtype", "float32", "-n", "6", "-t", "0.8",
+            "--seed", "1", "--no-stream"]
+    result = CliRunner().invoke(main, base + ["--acceptance", "topk:3"])
+    assert result.exit_code == 0, result.output
+    assert "APPROXIMATE" in result.output
+    result = CliRunner().invoke(main, base + ["--acceptance", "lenient:0"])
+    assert result.exit_code == 2 and "lenience" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(main, base)
+    assert result.exit_code == 0 and "(exact)" in result.output

@@ -12,6 +12,7 @@ they must return equal verdicts.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import torch
 
@@ -77,13 +78,14 @@ def exact_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, t
 class VerdictLaw:
     """What a rule does with one proposal, as probabilities: the law every verdict is drawn from.
 
-    accept        # [K] float64: P(candidate i kept | candidates before it kept)
-    replacements  # [K+1, vocab]: the token sampled at the first rejection i (row i), or the bonus (row K)
+    accept       # [K] float64: P(candidate i kept | candidates before it kept)
+    replacement  # i -> [vocab]: the law of the token sampled at the first rejection i, or the bonus (i = K);
+                 # computed on demand (sampling needs one row per step)
     Sampling (``draw_verdict``) and exact enumeration (``verispec.divergence``) both read this one law.
     """
 
     accept: torch.Tensor
-    replacements: torch.Tensor
+    replacement: Callable[[int], torch.Tensor]
 
 
 def draw_verdict(law: VerdictLaw, generator: torch.Generator) -> Verdict:
@@ -92,9 +94,9 @@ def draw_verdict(law: VerdictLaw, generator: torch.Generator) -> Verdict:
     uniforms = torch.rand(K, generator=generator, dtype=torch.float64)  # [K]
     rejected = (uniforms >= law.accept).nonzero()
     if rejected.numel() == 0:
-        return Verdict(K, sample(law.replacements[K].float(), generator), bonus=True)
+        return Verdict(K, sample(law.replacement(K).float(), generator), bonus=True)
     first = int(rejected[0])
-    return Verdict(first, sample(law.replacements[first].float(), generator), bonus=False)
+    return Verdict(first, sample(law.replacement(first).float(), generator), bonus=False)
 
 
 def exact_verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -192,9 +194,9 @@ class ExactRule(AcceptanceRule):
         K = draft_tokens.numel()
         if draft_probs is None:
             draft_probs = one_hot_drafts(draft_tokens, target_probs.shape[-1])
-        rows = [residual_distribution(target_probs[i], draft_probs[i]) for i in range(K)]
-        rows.append(target_probs[K].double())
-        return VerdictLaw(acceptance_probabilities(draft_tokens, draft_probs, target_probs), torch.stack(rows))
+        replacement = lambda i: (residual_distribution(target_probs[i], draft_probs[i]) if i < K
+                                 else target_probs[K].double())
+        return VerdictLaw(acceptance_probabilities(draft_tokens, draft_probs, target_probs), replacement)
 
     def verify_greedy(self, draft_tokens, target_logits) -> Verdict:
         return greedy_verify(draft_tokens, target_logits)
@@ -229,12 +231,15 @@ class LenientRule(AcceptanceRule):
         l = self.lenience
         p, q = _drafted(draft_tokens, target_probs), _drafted(draft_tokens, draft_probs)
         accept = torch.where(q > 0, p / (l * q).clamp_min(1e-300), (p > 0).double()).clamp(max=1.0)
-        rows = []
-        for i in range(K):
-            residual = (target_probs[i].double() - l * draft_probs[i].double()).clamp_min(0)
-            rows.append(residual / residual.sum() if residual.sum() > 0 else target_probs[i].double() / target_probs[i].double().sum())
-        rows.append(target_probs[K].double())
-        return VerdictLaw(accept, torch.stack(rows))
+
+        def replacement(i: int) -> torch.Tensor:
+            p_i = target_probs[i].double()
+            if i == K:
+                return p_i
+            residual = (p_i - l * draft_probs[i].double()).clamp_min(0)
+            return residual / residual.sum() if residual.sum() > 0 else p_i / p_i.sum()
+
+        return VerdictLaw(accept, replacement)
 
     def keeps(self, draft_tokens, target_probs) -> torch.Tensor:
         return draft_tokens == target_probs[: draft_tokens.numel()].argmax(-1)
@@ -255,7 +260,7 @@ class _ForcedAcceptanceRule(ExactRule):
     def law(self, draft_tokens, draft_probs, target_probs) -> VerdictLaw:
         exact = super().law(draft_tokens, draft_probs, target_probs)
         keep = self.keeps(draft_tokens, target_probs.double())
-        return VerdictLaw(torch.where(keep, torch.ones_like(exact.accept), exact.accept), exact.replacements)
+        return VerdictLaw(torch.where(keep, torch.ones_like(exact.accept), exact.accept), exact.replacement)
 
     def verify_greedy(self, draft_tokens, target_logits) -> Verdict:
         return AcceptanceRule.verify_greedy(self, draft_tokens, target_logits)

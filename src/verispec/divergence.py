@@ -69,7 +69,7 @@ def speculative_law(p: NextProbs, q: NextProbs, rule: AcceptanceRule, k: int, le
                 stop = 1.0 - float(verdict.accept[i]) if i < steps else 1.0  # reject at i, or the bonus
                 outcome = mass * draft_mass * kept * stop
                 if outcome > 0:
-                    for token, prob in enumerate(verdict.replacements[i].tolist()):
+                    for token, prob in enumerate(verdict.replacement(i).tolist()):
                         if prob > 0:
                             pending.append((prefix + drafted[:i] + (token,), outcome * prob))
                 if i < steps:

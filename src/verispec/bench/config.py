@@ -41,7 +41,7 @@ else:  # pragma: no cover
 # method name -> (engine, parameters it takes, parameters it needs)
 METHODS: dict[str, tuple[str, dict[str, type | tuple], tuple[str, ...]]] = {
     "draft-model": ("verispec", {"draft": str}, ("draft",)),
-    "layer-skip": ("verispec", {"skip": (list, str), "skip_attention": bool, "skip_mlp": bool}, ("skip",)),
+    "layer-skip": ("verispec", {"skip": (list, str), "skip_attention": list, "skip_mlp": list}, ()),
     "early-exit": ("verispec", {"layer": (int, str)}, ("layer",)),
     "low-rank": ("verispec", {"rank": int, "energy": float, "targets": list}, ()),
     "prompt-lookup": ("verispec", {"ngram": int}, ()),
@@ -157,6 +157,8 @@ def parse_method(index: int, table: Any) -> list[Setting]:
     missing = [key for key in required if key not in params]
     if missing:
         raise _fail(where, f"missing '{missing[0]}'")
+    if name == "layer-skip" and not any(params.get(key) for key in ("skip", "skip_attention", "skip_mlp")):
+        raise _fail(where, "give 'skip' (layers or a tuned JSON file), 'skip_attention' or 'skip_mlp'")
     if name == "low-rank" and ("rank" in params) == ("energy" in params):
         raise _fail(where, "give exactly one of 'rank' or 'energy'")
     if name == "hf-plain":

@@ -43,7 +43,7 @@ def make_drafter(setting: Setting) -> Any:
     if setting.method == "draft-model":
         raise AssertionError("draft models are built by the runner (the model is shared)")
     if setting.method == "layer-skip":
-        skip = p["skip"]
+        skip = p.get("skip", [])
         return drafters.LayerSkip(skip if isinstance(skip, str) else [int(i) for i in skip], k=k,
                                   skip_attention=p.get("skip_attention", ()) or (), skip_mlp=p.get("skip_mlp", ()) or ())
     if setting.method == "early-exit":

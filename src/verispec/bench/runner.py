@@ -100,8 +100,9 @@ def _pair_description(config: BenchConfig, setting: Setting) -> str:
     if "draft" in p:
         return f"{p['draft']} -> {config.target}"
     if setting.method == "layer-skip":
-        return f"{config.target} skipping {p['skip']}" + (f" (attention {p['skip_attention']})" if p.get("skip_attention") else "") \
-            + (f" (MLP {p['skip_mlp']})" if p.get("skip_mlp") else "")
+        parts = [f"layers {p['skip']}" if p.get("skip") else "", f"attention of {p['skip_attention']}" if p.get("skip_attention") else "",
+                 f"MLP of {p['skip_mlp']}" if p.get("skip_mlp") else ""]
+        return f"{config.target} skipping " + ", ".join(x for x in parts if x)
     if setting.method == "early-exit":
         return f"{config.target} exiting at layer {p['layer']}"
     if setting.method == "low-rank":
