@@ -236,7 +236,7 @@ def bench(config: str | None, target: str | None, dtype: str | None, threads: in
     extra = {"k": k_values} if k_values else {}
     if rules:
         extra["acceptance"] = list(rules)
-    verispec_extra = dict(extra)
+    verispec_extra = extra
     hf_extra = {"k": k_values} if k_values else {}
     added = []
     if draft:

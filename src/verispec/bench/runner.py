@@ -334,6 +334,7 @@ def run_bench(config: BenchConfig, out: str | Path, overwrite: bool = False, pro
             say(f"[bench] warm-up: every setting once on one prompt, {config.warmup_tokens} tokens (not recorded)")
             for setting in settings:
                 engines.run(setting, encoded[0][1], config.samplings[0], config.warmup_tokens, config.seed)
+        meter.start = time.perf_counter()  # the ETA extrapolates measured runs, not the warm-up
         records = []
         for index, (p, ids, chat, sampling, rep) in enumerate(plan):
             seed = config.seed + index
