@@ -17,8 +17,6 @@ Writes lossiness.md and one PNG per rule.
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.tiny import perturbed, tiny_model  # noqa: E402  (the same tiny pair the tests use)
 from verispec.acceptance import ExactRule, parse_rule  # noqa: E402
-from verispec.bench.runner import read_results  # noqa: E402
+from verispec.bench.runner import read_results, summarise  # noqa: E402
 from verispec.divergence import divergence_table, model_next_probs  # noqa: E402
 from verispec.sampling import SamplingConfig  # noqa: E402
 
@@ -55,21 +53,15 @@ def tiny_divergence() -> dict[float, list[dict]]:
 
 
 def pooled(records: list[dict], acceptance: str, mode: str) -> dict | None:
-    rows = [r for r in records if r["acceptance"] == acceptance and r["mode"] == mode and r["k"]]
+    """The bench summary of one rule's runs in one mode, all workloads together."""
+    rows = [dict(r, workload="all") for r in records
+            if r["acceptance"] == acceptance and r["k"] and (r["mode"] == "greedy") == (mode == "greedy")]
     if not rows:
         return None
-    drafted = sum(r["drafted_tokens"] or 0 for r in rows)
-    deltas = [r["target_logprob_mean"] - r["plain_target_logprob_mean"] for r in rows]
-    metric = [(r["metric_value"], r["plain_metric_value"]) for r in rows if r["metric_value"] is not None]
-    return {"runs": len(rows), "speedup": statistics.median(r["speedup"] for r in rows),
-            "acceptance": sum(r["accepted_tokens"] or 0 for r in rows) / drafted if drafted else float("nan"),
-            "mal": statistics.fmean(r["mean_accepted_length"] for r in rows),
-            "delta": statistics.fmean(deltas),
-            "delta_se": statistics.stdev(deltas) / math.sqrt(len(deltas)) if len(deltas) > 1 else float("nan"),
-            "identical": sum(bool(r["identical_to_plain"]) for r in rows),
-            "metric": statistics.fmean(m for m, _ in metric) if metric else None,
-            "plain_metric": statistics.fmean(p for _, p in metric) if metric else None,
-            "pair": rows[0]["pair"], "k": rows[0]["k"]}
+    summaries = summarise(rows)
+    if len(summaries) != 1:
+        raise SystemExit(f"expected one setting per rule and mode, found {[s['setting'] for s in summaries]}")
+    return summaries[0]
 
 
 def main() -> None:
@@ -126,10 +118,10 @@ def main() -> None:
             g, s = pooled(records, rule, "greedy"), pooled(records, rule, "sampled")
             if not g or not s:
                 continue
-            metric = f"{s['metric']:.1f} ({s['plain_metric']:.1f})" if s["metric"] is not None else "–"
-            md.append(f"| {rule} | {'yes' if parse_rule(rule).exact else '**no**'} | {g['speedup']:.2f} | "
-                      f"{g['acceptance']:.0%} | {g['identical']}/{g['runs']} | {s['speedup']:.2f} | {s['acceptance']:.0%} | "
-                      f"{s['delta']:+.3f} ± {2 * s['delta_se']:.3f} | {metric} |")
+            metric = f"{s['metric_value']:.1f} ({s['plain_metric_value']:.1f})" if s["metric_value"] is not None else "–"
+            md.append(f"| {rule} | {'yes' if parse_rule(rule).exact else '**no**'} | {g['speedup_median']:.2f} | "
+                      f"{g['acceptance_rate']:.0%} | {g['identical']}/{g['runs']} | {s['speedup_median']:.2f} | {s['acceptance_rate']:.0%} | "
+                      f"{s['logprob_delta']:+.3f} ± {2 * s['logprob_delta_se']:.3f} | {metric} |")
 
     for family, grid in GRIDS.items():
         fig, axes = plt.subplots(1, 4, figsize=(19, 3.8))
@@ -151,13 +143,13 @@ def main() -> None:
             for mode, style in (("greedy", "--"), ("sampled", "-")):
                 exact = pooled(records, "exact", mode)
                 points = [pooled(records, r, mode) for r in rules]
-                line = axes[1].plot(px, [p["speedup"] for p in points], marker="o", linestyle=style,
+                line = axes[1].plot(px, [p["speedup_median"] for p in points], marker="o", linestyle=style,
                                     label=f"{label} ({mode})")[0]
-                axes[1].axhline(exact["speedup"], color=line.get_color(), linestyle=":", linewidth=1)
+                axes[1].axhline(exact["speedup_median"], color=line.get_color(), linestyle=":", linewidth=1)
                 if mode == "sampled":
-                    axes[2].errorbar(px, [p["delta"] for p in points], yerr=[2 * p["delta_se"] for p in points],
+                    axes[2].errorbar(px, [p["logprob_delta"] for p in points], yerr=[2 * p["logprob_delta_se"] for p in points],
                                      marker="o", capsize=3, label=label, color=line.get_color())
-                    axes[2].axhline(exact["delta"], color=line.get_color(), linestyle=":", linewidth=1)
+                    axes[2].axhline(exact["logprob_delta"], color=line.get_color(), linestyle=":", linewidth=1)
                 else:
                     axes[3].plot(px, [p["identical"] / p["runs"] for p in points], marker="o", label=label,
                                  color=line.get_color())

@@ -205,12 +205,13 @@ class ExactRule(AcceptanceRule):
         return draft_tokens == target_probs[: draft_tokens.numel()].argmax(-1)
 
 
-class LenientRule(AcceptanceRule):
+class LenientRule(ExactRule):
     """Leviathan et al.'s lenience l: accept x with probability min(1, p(x) / (l·q(x))), else sample
     max(0, p − l·q) normalised.
 
     Moves the output distribution toward the draft's as l falls below 1 (l = 1 is the exact rule).
-    Under greedy decoding p is one-hot, so it keeps exactly the drafts the exact rule keeps.
+    It is the exact rule run against l·q, so under greedy decoding (p one-hot) it keeps exactly the
+    drafts the exact rule keeps.
     """
 
     name = "lenient"
@@ -225,24 +226,9 @@ class LenientRule(AcceptanceRule):
         return {"lenience": self.lenience}
 
     def law(self, draft_tokens, draft_probs, target_probs) -> VerdictLaw:
-        K = draft_tokens.numel()
         if draft_probs is None:
             draft_probs = one_hot_drafts(draft_tokens, target_probs.shape[-1])
-        l = self.lenience
-        p, q = _drafted(draft_tokens, target_probs), _drafted(draft_tokens, draft_probs)
-        accept = torch.where(q > 0, p / (l * q).clamp_min(1e-300), (p > 0).double()).clamp(max=1.0)
-
-        def replacement(i: int) -> torch.Tensor:
-            p_i = target_probs[i].double()
-            if i == K:
-                return p_i
-            residual = (p_i - l * draft_probs[i].double()).clamp_min(0)
-            return residual / residual.sum() if residual.sum() > 0 else p_i / p_i.sum()
-
-        return VerdictLaw(accept, replacement)
-
-    def keeps(self, draft_tokens, target_probs) -> torch.Tensor:
-        return draft_tokens == target_probs[: draft_tokens.numel()].argmax(-1)
+        return super().law(draft_tokens, self.lenience * draft_probs, target_probs)
 
 
 class _ForcedAcceptanceRule(ExactRule):
@@ -278,13 +264,11 @@ class TypicalRule(_ForcedAcceptanceRule):
     name = "typical"
 
     def __init__(self, epsilon: float, delta: float | None = None) -> None:
+        delta = epsilon ** 0.5 if delta is None and isinstance(epsilon, (int, float)) and epsilon > 0 else delta
         for label, value in (("epsilon", epsilon), ("delta", delta)):
-            if value is None and label == "delta":
-                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise VerispecError(f"typical acceptance: {label} must be a number > 0, got {value!r}")
-        self.epsilon = float(epsilon)
-        self.delta = float(delta) if delta is not None else self.epsilon ** 0.5
+        self.epsilon, self.delta = float(epsilon), float(delta)
 
     def parameter(self) -> dict[str, float]:
         return {"epsilon": self.epsilon, "delta": self.delta}
@@ -294,7 +278,6 @@ class TypicalRule(_ForcedAcceptanceRule):
         entropy = -(probs * probs.clamp_min(1e-300).log()).sum(-1)  # [K]
         threshold = torch.minimum(torch.full_like(entropy, self.epsilon), self.delta * torch.exp(-entropy))
         return _drafted(draft_tokens, probs) > threshold
-
 
 
 class TopKRule(_ForcedAcceptanceRule):
@@ -321,7 +304,6 @@ class TopKRule(_ForcedAcceptanceRule):
         kth = probs.topk(k, dim=-1).values[:, -1]  # [K]
         p = _drafted(draft_tokens, probs)
         return (p >= kth) & (p > 0)
-
 
 
 RULES = {"exact": ExactRule, "lenient": LenientRule, "typical": TypicalRule, "topk": TopKRule}

@@ -236,20 +236,19 @@ def bench(config: str | None, target: str | None, dtype: str | None, threads: in
     extra = {"k": k_values} if k_values else {}
     if rules:
         extra["acceptance"] = list(rules)
-    verispec_extra = extra
     hf_extra = {"k": k_values} if k_values else {}
     added = []
     if draft:
-        added.append({"name": "draft-model", "draft": draft, **verispec_extra})
+        added.append({"name": "draft-model", "draft": draft, **extra})
     if layer_skip:
         skip = layer_skip if layer_skip.endswith(".json") else _csv_ints(layer_skip, "--layer-skip")
-        added.append({"name": "layer-skip", "skip": skip, **verispec_extra})
+        added.append({"name": "layer-skip", "skip": skip, **extra})
     if early_exit:
-        added.append({"name": "early-exit", "layer": int(early_exit) if early_exit.isdigit() else early_exit, **verispec_extra})
+        added.append({"name": "early-exit", "layer": int(early_exit) if early_exit.isdigit() else early_exit, **extra})
     if low_rank_rank:
-        added.append({"name": "low-rank", "rank": low_rank_rank, **verispec_extra})
+        added.append({"name": "low-rank", "rank": low_rank_rank, **extra})
     if prompt_lookup:
-        added.append({"name": "prompt-lookup", "ngram": prompt_lookup, **verispec_extra})
+        added.append({"name": "prompt-lookup", "ngram": prompt_lookup, **extra})
     if hf_assisted:
         added.append({"name": "hf-assisted", "draft": hf_assisted, **hf_extra})
     if hf_prompt_lookup:

@@ -77,12 +77,12 @@ def plots(records: list[dict[str, Any]], folder: Path) -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     names = []
     modes = sorted({r["mode"] for r in records}, key=lambda m: m != "greedy")
-    methods = sorted({(r["method"], r["engine"], r["acceptance"], _pair_key(r)) for r in records if r["k"]})
+    methods = sorted({(r["method"], r["engine"], r["acceptance"], r["pair"]) for r in records if r["k"]})
 
     fig, axes = plt.subplots(1, len(modes), figsize=(5.5 * len(modes), 4), squeeze=False)
     for ax, mode in zip(axes[0], modes):
         for method, engine, rule, pair in methods:
-            rows = [r for r in records if r["mode"] == mode and (r["method"], r["engine"], r["acceptance"], _pair_key(r)) == (method, engine, rule, pair)]
+            rows = [r for r in records if r["mode"] == mode and (r["method"], r["engine"], r["acceptance"], r["pair"]) == (method, engine, rule, pair)]
             ks = sorted({r["k"] for r in rows})
             ys = [statistics.median(r["speedup"] for r in rows if r["k"] == k) for k in ks]
             if ks:
@@ -149,10 +149,6 @@ def plots(records: list[dict[str, Any]], folder: Path) -> list[str]:
     plt.close(fig)
     names.append("time_split.png")
     return names
-
-
-def _pair_key(r: dict[str, Any]) -> str:
-    return r["pair"]
 
 
 def _legend(method: str, engine: str, rule: str, pair: str) -> str:
