@@ -17,17 +17,13 @@ Writes lossiness.md and one PNG per rule.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tests.tiny import perturbed, tiny_model  # noqa: E402  (the same tiny pair the tests use)
-from verispec.acceptance import ExactRule, parse_rule  # noqa: E402
-from verispec.bench.runner import read_results, summarise  # noqa: E402
-from verispec.divergence import divergence_table, model_next_probs  # noqa: E402
-from verispec.sampling import SamplingConfig  # noqa: E402
+from verispec.acceptance import ExactRule, parse_rule
+from verispec.bench.records import read_results, summarise
+from verispec.divergence import divergence_table, model_next_probs
+from verispec.sampling import SamplingConfig
+from verispec.testing import perturbed, tiny_model  # the same tiny pair the tests use
 
 GRIDS = {"lenient": ["lenient:1", "lenient:0.9", "lenient:0.7", "lenient:0.5", "lenient:0.4", "lenient:0.3", "lenient:0.1"],
          "typical": ["typical:0.5", "typical:0.3", "typical:0.2", "typical:0.1", "typical:0.05", "typical:0.02"],

@@ -10,7 +10,7 @@ from verispec.divergence import divergence_table, model_next_probs, speculative_
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig
 from tests.distribution import PROMPT, LENGTH, chi_square_pvalue, exact_distribution, sample_sequences
-from tests.tiny import TableModel, perturbed, tiny_model
+from verispec.testing import TableModel, perturbed, tiny_model
 
 ALPHA = 1e-3
 GRIDS = {  # each from tightest to loosest

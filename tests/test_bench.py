@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from verispec.bench import load_config, load_workload, read_results
+from verispec.bench import config_from_flags, load_config, load_workload, read_results, summarise
 from verispec.bench.metrics import chrf, first_divergence, rouge_l
 from verispec.cli import main
 from verispec.errors import VerispecError
@@ -17,21 +17,28 @@ from tests.conftest import requires_shared
 
 NUMBER = (int, float)
 OPTIONAL_NUMBER = (int, float, type(None))
-# The record contract, field by field: name -> allowed types.
+# The record contract, field by field: name -> allowed types. Run metrics carry GenerationStats' names.
 RECORD_SCHEMA = {
-    "type": str, "schema": int, "method": str, "setting": str, "engine": str, "params": dict, "target": str,
-    "pair": str, "k": int, "acceptance": str, "exact": bool, "hardware": dict, "versions": dict, "dtype": str,
-    "workload": str, "prompt_id": str, "chat_template": bool, "repetition": int, "prompt_tokens": int,
-    "output_tokens": int, "mode": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER, "seed": int,
-    "target_calls": int, "draft_calls": (int, type(None)), "drafted_tokens": (int, type(None)),
-    "accepted_tokens": (int, type(None)), "acceptance_rate": OPTIONAL_NUMBER,
-    "acceptance_by_position": (list, type(None)), "mean_accepted_length": NUMBER,
-    "target_calls_per_token": NUMBER, "latency_s": NUMBER, "ttft_s": NUMBER, "per_token_latency_s": NUMBER,
-    "tokens_per_s": NUMBER, "decode_tokens_per_s": NUMBER, "draft_s": OPTIONAL_NUMBER, "verify_s": OPTIONAL_NUMBER,
-    "other_s": OPTIONAL_NUMBER, "speedup": NUMBER, "identical_to_plain": (bool, type(None)),
-    "first_divergence": (int, type(None)), "target_logprob_mean": NUMBER, "plain_target_logprob_mean": NUMBER,
-    "metric": (str, type(None)), "metric_value": OPTIONAL_NUMBER, "plain_metric_value": OPTIONAL_NUMBER,
-    "settings": dict, "output_text": str, "output_ids": list,
+    "type": str, "schema": int, "setting": str, "params": dict, "target": str, "pair": str, "acceptance": str,
+    "hardware": dict, "versions": dict, "dtype": str, "workload": str, "prompt_id": str, "chat_template": bool,
+    "repetition": int, "mode": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER,
+    # GenerationStats fields
+    "method": str, "settings": dict, "k": int, "exact": bool, "engine": str, "sampling": dict, "seed": int,
+    "prompt_tokens": int, "new_tokens": int, "target_calls": int, "draft_calls": (int, type(None)),
+    "drafted_tokens": (int, type(None)), "accepted_tokens": (int, type(None)), "decode_steps": int,
+    "decode_step_tokens": int, "drafted_by_position": (list, type(None)), "accepted_by_position": (list, type(None)),
+    "wall_seconds": NUMBER, "prefill_seconds": NUMBER, "first_token_seconds": NUMBER,
+    "draft_seconds": OPTIONAL_NUMBER, "verify_seconds": OPTIONAL_NUMBER,
+    # GenerationStats derived metrics
+    "other_seconds": OPTIONAL_NUMBER, "tokens_per_second": NUMBER, "decode_tokens_per_second": NUMBER,
+    "per_token_seconds": NUMBER, "target_calls_per_token": NUMBER, "acceptance_rate": OPTIONAL_NUMBER,
+    "acceptance_rate_by_position": (list, type(None)), "mean_accepted_length": NUMBER,
+    # comparison with plain decoding and quality
+    "speedup": NUMBER, "identical_to_plain": (bool, type(None)), "first_divergence": (int, type(None)),
+    "target_logprob_mean": NUMBER, "plain_target_logprob_mean": NUMBER, "metric": (str, type(None)),
+    "metric_value": OPTIONAL_NUMBER, "plain_metric_value": OPTIONAL_NUMBER,
+    "weight_bytes_per_token": (int, type(None)), "roofline": OPTIONAL_NUMBER,
+    "output_text": str, "output_ids": list,
 }
 HARDWARE_FIELDS = {"cpu", "cores", "threads", "isa", "accelerator", "device"}
 VERSION_FIELDS = {"verispec", "torch", "transformers", "python"}
@@ -107,15 +114,15 @@ def bench_run(tmp_path_factory, tiny_chat_pair, data_dir):
     return out, result.output
 
 
-def test_bench_end_to_end_writes_records_summaries_and_report(bench_run):
+def test_bench_end_to_end_writes_records_and_report(bench_run):
     out, output = bench_run
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     meta, records = read_results(out)
     assert lines[0]["type"] == "meta" and meta["config"]["max_new_tokens"] == 10
+    assert [line["type"] for line in lines[1:]] == ["record"] * len(records)  # summaries are computed, not stored
     settings = 1 + 4 + 1 + 1 + 1 + 2  # plain, draft-model x 2 K x 2 rules, layer skip, early exit, prompt lookup, 2 hf
     assert len(records) == meta["runs"] == 4 * 2 * settings  # 4 prompts x 2 modes
-    summaries = [r for r in lines if r["type"] == "summary"]
-    assert len(summaries) == 4 * 2 * settings
+    assert len(summarise(records)) == 4 * 2 * settings
     # plain runs precede the methods of the same prompt: interleaved, never all plain first
     first_prompt = [r["setting"] for r in records[:settings]]
     assert first_prompt[0] == "plain" and len(set(first_prompt)) == settings
@@ -129,9 +136,9 @@ def test_bench_end_to_end_writes_records_summaries_and_report(bench_run):
         if r["workload"] == "spec_bench/translation":
             assert r["metric"] == "chrf" and 0 <= r["metric_value"] <= 100
         if r["engine"] == "transformers":
-            assert r["target_calls"] >= 1 and r["target_calls"] <= r["output_tokens"]
+            assert r["target_calls"] >= 1 and r["target_calls"] <= r["new_tokens"]
         assert r["chat_template"] == (r["workload"] != "humaneval")
-        assert r["output_tokens"] == 10 == len(r["output_ids"])
+        assert r["new_tokens"] == 10 == len(r["output_ids"])
     report = out.parent / "results_report"
     md = (report / "report.md").read_text()
     for name in ("speedup_vs_k.png", "acceptance_by_position.png", "time_split.png"):
@@ -139,7 +146,7 @@ def test_bench_end_to_end_writes_records_summaries_and_report(bench_run):
         assert f"]({name})" in md
     assert "## spec_bench/translation" in md and "APPROXIMATE" in md and "(transformers)" in md
     assert "<table>" in (report / "report.html").read_text()
-    assert "ETA" in output  # progress display
+    assert "100%|" in output and ("run/s" in output or "s/run" in output)  # tqdm's progress display
 
 
 def test_every_record_field_has_its_type(bench_run):
@@ -153,16 +160,17 @@ def test_every_record_field_has_its_type(bench_run):
         drafting = r["k"] > 0
         if drafting and r["engine"] == "verispec":
             if r["method"] != "prompt-lookup":  # lookup proposes only what it finds, possibly nothing
-                assert r["drafted_tokens"] > 0 and len(r["acceptance_by_position"]) == r["k"]
-            assert len(r["acceptance_by_position"]) <= r["k"]
+                assert r["drafted_tokens"] > 0 and len(r["acceptance_rate_by_position"]) == r["k"]
+            assert len(r["acceptance_rate_by_position"] or []) <= r["k"]
             if r["drafted_tokens"]:
                 assert r["acceptance_rate"] == pytest.approx(r["accepted_tokens"] / r["drafted_tokens"])
-            assert r["draft_s"] >= 0 and r["verify_s"] > 0
+            assert r["draft_seconds"] >= 0 and r["verify_seconds"] > 0
         if r["mode"] == "greedy":
             assert r["identical_to_plain"] is not None and r["temperature"] == 0
         else:
             assert r["identical_to_plain"] is None and r["first_divergence"] is None and r["top_p"] == 0.95
-        assert r["latency_s"] >= r["ttft_s"] > 0
+        assert r["wall_seconds"] >= r["first_token_seconds"] > 0
+        assert r["tokens_per_second"] == pytest.approx(r["new_tokens"] / r["wall_seconds"])
 
 
 def test_report_command_rerenders(bench_run, tmp_path):
@@ -177,8 +185,31 @@ def test_existing_results_are_not_overwritten(bench_run, tiny_chat_pair, data_di
     assert result.exit_code == 2 and "--overwrite" in result.output
 
 
-def test_flags_build_the_same_config(tiny_chat_pair, data_dir, tmp_path):
+def test_flags_build_the_same_config_as_a_file(tiny_chat_pair, data_dir, tmp_path):
     target, draft = tiny_chat_pair
+    toml = tmp_path / "same.toml"
+    toml.write_text(f"""
+target = "{target}"
+dtype = "float32"
+workloads = ["spec_bench/translation"]
+data_dir = "{data_dir}"
+prompts = 1
+max_new_tokens = 6
+[[sampling]]
+temperature = 0.0
+[[sampling]]
+temperature = 0.7
+[[methods]]
+name = "draft-model"
+draft = "{draft}"
+k = [2]
+acceptance = ["exact", "topk:2"]
+""")
+    from_flags = config_from_flags(
+        None, {"--draft": str(draft)}, "2", ("exact", "topk:2"), {}, (0.0, 0.7), 0, 1.0, target=str(target),
+        dtype="float32", workloads=["spec_bench/translation"], data_dir=str(data_dir), prompts=1, max_new_tokens=6)
+    assert from_flags == load_config(toml)
+    # and the command line's flags reach config_from_flags unchanged: the run has exactly these settings
     out = tmp_path / "flags.jsonl"
     result = CliRunner().invoke(main, ["bench", "-m", str(target), "--dtype", "float32", "--draft", str(draft),
                                        "-k", "2", "--acceptance", "exact", "--acceptance", "topk:2",
@@ -188,7 +219,7 @@ def test_flags_build_the_same_config(tiny_chat_pair, data_dir, tmp_path):
     _, records = read_results(out)
     name = draft.name
     assert sorted({r["setting"] for r in records}) == [f"draft-model(draft={name}) K=2", f"draft-model(draft={name}) K=2 [topk:2]", "plain"]
-    assert {r["mode"] for r in records} == {"greedy", "sampled"}
+    assert {r["mode"] for r in records} == {"greedy", "T=0.7 top_k=0 top_p=1"}
 
 
 def test_missing_data_files_are_clear_errors(tmp_path, tiny_chat_pair):
@@ -236,12 +267,13 @@ BAD_CONFIGS = {
     "no target": ({"methods": []}, "'target'"),
     "unknown key": ({"target": "m", "tempreature": 1}, "unknown key 'tempreature'"),
     "unknown method": ({"target": "m", "methods": [{"name": "medusa"}]}, "unknown method 'medusa'"),
-    "missing draft": ({"target": "m", "methods": [{"name": "draft-model"}]}, "missing 'draft'"),
-    "bad k": ({"target": "m", "methods": [{"name": "prompt-lookup", "k": 0}]}, "'k' must be an integer >= 1"),
+    "missing draft": ({"target": "m", "methods": [{"name": "draft-model"}]}, "'draft' is required"),
+    "bad k": ({"target": "m", "methods": [{"name": "prompt-lookup", "k": 0}]}, "'k'.* must be an integer >= 1"),
+    "bad ngram": ({"target": "m", "methods": [{"name": "prompt-lookup", "ngram": 0}]}, "'ngram' must be an integer >= 1"),
     "bad rule": ({"target": "m", "methods": [{"name": "prompt-lookup", "acceptance": "lenient:2"}]}, "lenience"),
     "hf approx": ({"target": "m", "methods": [{"name": "hf-assisted", "draft": "d", "acceptance": "topk:2"}]},
                   "only its exact rule"),
-    "method key": ({"target": "m", "methods": [{"name": "early-exit", "layer": 2, "rank": 3}]}, "unknown key 'rank'"),
+    "method key": ({"target": "m", "methods": [{"name": "early-exit", "layer": 2, "rank": 3}]}, "no parameter 'rank'"),
     "low rank both": ({"target": "m", "methods": [{"name": "low-rank", "rank": 8, "energy": 0.9}]}, "exactly one"),
     "bad sampling": ({"target": "m", "sampling": [{"temperature": -1}]}, "sampling\\[0\\]"),
     "bad dtype": ({"target": "m", "dtype": "int3"}, "dtype"),
@@ -273,6 +305,7 @@ def test_metrics():
     assert 0 < chrf("good morning", "good day") < 100
     assert rouge_l("the cat sat", "the cat was sat") == pytest.approx(100 * 2 * 1 * 0.75 / 1.75)
     assert rouge_l("", "x") == 0
+    assert rouge_l("The cat.", "the cat") == pytest.approx(100)  # punctuation is not part of a word (rouge-score)
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
     assert first_divergence([1, 2], [1, 2, 3]) == 2

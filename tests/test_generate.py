@@ -13,7 +13,7 @@ from verispec.cli import main
 from verispec.errors import VerispecError
 from verispec.models import catalogue
 from verispec.models.loading import load_model
-from tests.tiny import tiny_model
+from verispec.testing import tiny_model
 
 
 def test_plain_generation_counts_and_lengths():

@@ -13,7 +13,7 @@ from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig
 from tests.distribution import chi_square_pvalue, exact_distribution, sample_sequences
 from tests.test_speculative import ALPHA, AlwaysAccept
-from tests.tiny import TableModel, tiny_model
+from verispec.testing import TableModel, tiny_model
 
 DRAFTERS = {
     "layer-skip": lambda k: verispec.LayerSkip(skip=[1], skip_mlp=[2], k=k),
@@ -48,7 +48,7 @@ def test_early_exit_reuse_gives_full_pass_logits():
         drafter.start(context)
         proposal = drafter.propose(context, 4)
         inputs = torch.tensor([prompt[-1]] + proposal.tokens.tolist())
-        reused = drafter.verify_logits(context, inputs, proposal)  # [K+1, vocab]
+        reused = drafter.target_logits(context, inputs)  # [K+1, vocab]
         full = model.forward(torch.tensor(prompt[:-1] + inputs.tolist()), model.new_cache(32), 0)[-5:]
         assert (reused - full).abs().max() <= 1e-4
         # and the cache now equals a full pass's (all layers), so later steps see exact KV

@@ -11,7 +11,7 @@ from verispec.acceptance import (ExactRule, Verdict, acceptance_probabilities, e
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig, sample
 from tests.distribution import chi_square_pvalue, exact_distribution, sample_sequences
-from tests.tiny import TableModel, tiny_model
+from verispec.testing import TableModel, tiny_model
 
 ALPHA = 1e-3
 N_SAMPLES = 12_000
@@ -67,24 +67,14 @@ def test_optimised_exact_verify_matches_reference():
 
 # ---------------------------------------------------------------- whole-sequence distribution tests
 
-class PromptLookupStub:
+class PromptLookupStub(verispec.DrafterBase):
     """A deterministic drafter for the distribution test: proposes a fixed token pattern, no q."""
 
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def settings(self):
-        return {"method": "fixed-pattern"}
-
-    def start(self, context):
-        pass
+    method = "fixed-pattern"
 
     def propose(self, context, k):
         last = context.tokens[-1]
         return verispec.Proposal(torch.tensor([(last + i + 1) % 5 for i in range(k)]), None)
-
-    def accepted(self, num_accepted):
-        pass
 
 
 CASES = [  # (temperature, top_k, top_p, K, drafter)
@@ -201,7 +191,11 @@ def test_stats_are_consistent():
     assert s.decode_step_tokens == 39 and s.decode_steps == s.target_calls - 1
     assert s.accepted_tokens == sum(s.accepted_by_position) <= s.drafted_tokens == sum(s.drafted_by_position)
     assert all(a >= b for a, b in zip(s.accepted_by_position, s.accepted_by_position[1:]))
-    assert s.draft_calls >= s.drafted_tokens // 4
+    assert s.draft_calls == s.drafted_tokens  # a draft model spends one forward pass per candidate
+    assert s.mean_accepted_length == s.decode_step_tokens / s.decode_steps
+    assert s.acceptance_rate == s.accepted_tokens / s.drafted_tokens
+    assert s.tokens_per_second == s.new_tokens / s.wall_seconds
+    assert s.prefill_seconds + s.draft_seconds + s.verify_seconds <= s.wall_seconds
     assert s.method == "draft-model" and s.settings["k"] == 4 and s.exact
 
 

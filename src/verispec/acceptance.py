@@ -18,6 +18,7 @@ import torch
 
 from verispec.errors import VerispecError
 from verispec.sampling import sample
+from verispec.validation import number, positive_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,9 +218,7 @@ class LenientRule(ExactRule):
     name = "lenient"
 
     def __init__(self, lenience: float) -> None:
-        if isinstance(lenience, bool) or not isinstance(lenience, (int, float)) or not 0 < lenience <= 1:
-            raise VerispecError(f"lenience must be a number in (0, 1] (1 is exact), got {lenience!r}")
-        self.lenience = float(lenience)
+        self.lenience = float(number(lenience, "lenience (1 is exact)", 0, 1, low_open=True))
         self.exact = self.lenience == 1.0
 
     def parameter(self) -> dict[str, float]:
@@ -264,10 +263,8 @@ class TypicalRule(_ForcedAcceptanceRule):
     name = "typical"
 
     def __init__(self, epsilon: float, delta: float | None = None) -> None:
-        delta = epsilon ** 0.5 if delta is None and isinstance(epsilon, (int, float)) and epsilon > 0 else delta
-        for label, value in (("epsilon", epsilon), ("delta", delta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise VerispecError(f"typical acceptance: {label} must be a number > 0, got {value!r}")
+        epsilon = number(epsilon, "typical acceptance: epsilon", 0, low_open=True)
+        delta = epsilon ** 0.5 if delta is None else number(delta, "typical acceptance: delta", 0, low_open=True)
         self.epsilon, self.delta = float(epsilon), float(delta)
 
     def parameter(self) -> dict[str, float]:
@@ -291,9 +288,7 @@ class TopKRule(_ForcedAcceptanceRule):
     name = "topk"
 
     def __init__(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise VerispecError(f"top-k membership: k must be an integer >= 1, got {k!r}")
-        self.k = k
+        self.k = positive_int(k, "top-k membership: k")
 
     def parameter(self) -> dict[str, float]:
         return {"k": self.k}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import sys
 from typing import Any, Callable
@@ -11,7 +12,7 @@ import click
 
 from verispec.errors import VerispecError
 
-DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_MODEL = "smollm2-135m"  # the same default as verispec.commands (kept here: --help loads no torch)
 
 
 def _errors_to_messages(func: Callable) -> Callable:
@@ -54,9 +55,37 @@ def model_options(func: Callable) -> Callable:
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="torch intra-op threads (default: torch's choice)."),
     ]
+    return _options(func, options)
+
+
+def _options(func: Callable, options: list) -> Callable:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def drafter_options(func: Callable) -> Callable:
+    """Every registered drafter's flags (--draft, --layer-skip, ...), the spec form, and K."""
+    from verispec.drafters.registry import cli_flags
+
+    options = [click.option(p.flag, _dest(p.flag), default=None, help=p.help) for p in cli_flags()]
+    options.append(click.option("--drafter", "drafter_specs", multiple=True, metavar="NAME:key=value,...",
+                                help="A drafter by its registry name and parameters (lists as 3+5+7), e.g. "
+                                     "layer-skip:skip=7+26,k=2 (`verispec drafters` lists them)."))
+    return _options(func, options)
+
+
+def _dest(flag: str) -> str:
+    return "drafter_" + flag.lstrip("-").replace("-", "_")
+
+
+def _drafter_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Pop the registry's flags out of a command's keyword arguments: {flag: value}."""
+    from verispec.drafters.registry import cli_flags
+
+    flags = {p.flag: kwargs.pop(_dest(p.flag)) for p in cli_flags()}
+    flags["--drafter"] = kwargs.pop("drafter_specs")
+    return flags
 
 
 def sampling_options(func: Callable) -> Callable:
@@ -68,9 +97,7 @@ def sampling_options(func: Callable) -> Callable:
         click.option("--seed", default=None, type=int, help="Seed of this run's generator (default: random, "
                                                              "reported in the stats)."),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return _options(func, options)
 
 
 @main.command()
@@ -80,18 +107,8 @@ def sampling_options(func: Callable) -> Callable:
 @click.option("--max-new-tokens", "-n", default=128, show_default=True, type=int, help="Tokens to generate.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (instruct models).")
 @click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")
-@click.option("--draft", default=None, help="Draft model for speculative decoding (same forms as --model).")
-@click.option("--layer-skip", default=None,
-              help="Self-speculative: skip layers in the draft pass (JSON from `verispec tune layer-skip`, or 3,5,7).")
-@click.option("--early-exit", default=None,
-              help="Self-speculative: draft with the first E layers (E, or JSON from `verispec tune early-exit`).")
-@click.option("--low-rank-rank", type=int, default=None, help="Self-speculative: low-rank draft of this rank.")
-@click.option("--low-rank-energy", type=float, default=None,
-              help="Self-speculative: low-rank draft keeping this fraction of spectral energy per matrix.")
-@click.option("--low-rank-targets", default="attention,mlp", show_default=True,
-              help="Matrices the low-rank draft factors: attention, mlp, qkv, o, gate_up, down.")
-@click.option("--prompt-lookup", type=int, default=None, help="Draft by prompt lookup with this n-gram size.")
-@click.option("-k", "--num-candidates", "k", default=None, type=int,
+@drafter_options
+@click.option("-k", "--num-candidates", "k", default=None,
               help="Candidate length K per step (default: 5 for draft models and prompt lookup, 4 for "
                    "self-speculative drafters, or the tuned file's).")
 @click.option("--acceptance", default="exact", show_default=True,
@@ -101,20 +118,35 @@ def sampling_options(func: Callable) -> Callable:
 @_errors_to_messages
 def generate(prompt: str, model: str, dtype: str, backend: str, threads: int | None, temperature: float,
              top_k: int, top_p: float, seed: int | None, max_new_tokens: int, chat: bool, stop: tuple[str, ...],
-             draft: str | None, layer_skip: str | None, early_exit: str | None, low_rank_rank: int | None,
-             low_rank_energy: float | None, low_rank_targets: str, prompt_lookup: int | None, k: int | None,
-             acceptance: str, stream: bool, as_json: bool) -> None:
+             k: str | None, acceptance: str, stream: bool, as_json: bool, **drafter_flags: Any) -> None:
     """Generate a continuation of PROMPT: plain, or speculative with one draft source."""
-    from verispec.commands import GenerateRequest, run_generate
+    from verispec.acceptance import parse_rule
+    from verispec.commands import GenerateRequest, result_record, start_generate
+    from verispec.drafters.registry import choices_from_flags, parse_drafter
+    from verispec.sampling import SamplingConfig
 
+    flags = _drafter_flags(drafter_flags)
+    # Everything the user typed is checked before any model loads.
+    choices = choices_from_flags(flags, k) + [parse_drafter(text) for text in flags["--drafter"]]
+    if len(choices) > 1:
+        raise VerispecError(f"choose one draft source, not {' and '.join(c.name for c in choices)}")
+    if k is not None and not choices:
+        raise VerispecError("-k sets the candidate length of a drafter: add one (--draft, --prompt-lookup, ...)")
+    parse_rule(acceptance)
     request = GenerateRequest(prompt=prompt, model=model, dtype=dtype, backend=backend, threads=threads,
-                              temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                              max_new_tokens=max_new_tokens, chat=chat, stop=stop, draft=draft, k=k,
-                              layer_skip=layer_skip, early_exit=early_exit, low_rank_rank=low_rank_rank,
-                              low_rank_energy=low_rank_energy,
-                              low_rank_targets=tuple(t.strip() for t in low_rank_targets.split(",") if t.strip()),
-                              prompt_lookup=prompt_lookup, acceptance=acceptance)
-    run_generate(request, stream=stream and not as_json, as_json=as_json)
+                              sampling=SamplingConfig(temperature, top_k, top_p, seed), max_new_tokens=max_new_tokens,
+                              chat=chat, stop=stop, drafter=choices[0] if choices else None, acceptance=acceptance)
+    run = start_generate(request)
+    stream = stream and not as_json
+    for step in run:
+        if stream:
+            click.echo(step.text, nl=False)
+    result = run.result()
+    if as_json:
+        click.echo(json.dumps(result_record(result), indent=2))
+        return
+    click.echo(("" if stream else result.text) or "")
+    click.echo(f"[{result.finish_reason}] {result.stats.summary()}", err=True)
 
 
 @main.group(invoke_without_command=True)
@@ -160,7 +192,9 @@ def tune(method: str, model: str, dtype: str, backend: str, threads: int | None,
 
     if backend != "native":
         raise VerispecError("tuning runs parts of the model and needs --backend native")
-    run_tune(method, model, dtype, threads, out, new_tokens, max_skipped, prompts_file)
+    progress = lambda message: click.echo(f"[tune {method}] {message}", err=True)
+    _, path = run_tune(method, model, dtype, threads, out, new_tokens, max_skipped, prompts_file, progress)
+    click.echo(f"wrote {path}")
 
 
 @main.command()
@@ -172,17 +206,28 @@ def demo(model: str, dtype: str, backend: str, threads: int | None, prompt: str 
     """Run the default model plain and speculatively on one prompt; print output and speedup."""
     from verispec.commands import run_demo
 
-    run_demo(model=model, dtype=dtype, backend=backend, threads=threads, prompt=prompt,
-             max_new_tokens=max_new_tokens)
+    demo = run_demo(model=model, dtype=dtype, backend=backend, threads=threads, prompt=prompt,
+                    max_new_tokens=max_new_tokens)
+    click.echo(f"--- prompt{' (chat template)' if demo.chat else ''}:\n{demo.prompt}\n--- output ({demo.drafter}):")
+    click.echo(demo.speculative.text)
+    click.echo("---")
+    click.echo(f"plain:       {demo.plain.stats.summary()}")
+    click.echo(f"speculative: {demo.speculative.stats.summary()}")
+    same = "identical to" if demo.identical else "DIFFERENT from"
+    click.echo(f"speedup {demo.speedup:.2f}x over plain decoding measured in this run; output {same} plain greedy")
 
 
-def _csv_ints(text: str | None, flag: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise VerispecError(f"{flag} takes comma-separated integers, got '{text}'") from None
+@main.command("drafters")
+def drafters_command() -> None:
+    """List the registered drafters, their parameters and CLI flags."""
+    from verispec.drafters import DRAFTERS
+
+    for spec in DRAFTERS.values():
+        click.echo(f"{spec.name}: {spec.summary} (default K = {spec.default_k})")
+        for p in spec.params:
+            extra = [f"flag {p.flag}"] if p.flag else []
+            extra += ["required"] if p.required else [f"default {p.default}"] if p.default is not None else []
+            click.echo(f"    {p.name} ({p.kind}{'; ' + ', '.join(extra) if extra else ''}): {p.help}")
 
 
 @main.command()
@@ -201,17 +246,15 @@ def _csv_ints(text: str | None, flag: str) -> list[int] | None:
               help="Decoding modes: 0 is greedy (repeatable, e.g. -t 0 -t 0.7).")
 @click.option("--top-k", type=int, default=0, show_default=True, help="Top-k of the sampled modes given by -t.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="Top-p of the sampled modes given by -t.")
-@click.option("--draft", default=None, help="Add draft-model speculative decoding with this draft.")
-@click.option("--layer-skip", default=None, help="Add layer skipping (JSON from `verispec tune`, or 3,5,7).")
-@click.option("--early-exit", default=None, help="Add early exit at this layer (or a tuned JSON file).")
-@click.option("--low-rank-rank", type=int, default=None, help="Add a low-rank draft of this rank.")
-@click.option("--prompt-lookup", type=int, default=None, help="Add prompt lookup with this n-gram size.")
+@drafter_options
 @click.option("--hf-assisted", default=None, help="Add transformers' assisted generation with this assistant model.")
 @click.option("--hf-prompt-lookup", type=int, default=None, help="Add transformers' prompt lookup (this n-gram size).")
 @click.option("--hf-plain", is_flag=True, help="Add transformers' plain generate.")
 @click.option("-k", "ks", default=None, help="Candidate lengths for the methods added by flags, e.g. 2,4.")
 @click.option("--acceptance", "rules", multiple=True,
               help="Acceptance rules for the verispec methods added by flags (repeatable): exact, lenient:L, typical:EPS, topk:K.")
+@click.option("--roofline", is_flag=True, default=None,
+              help="Measure the read bandwidth; records then give the share of it that decoding reaches.")
 @click.option("--output", "-o", default="bench-results.jsonl", show_default=True, help="Results file (JSON Lines).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing results file.")
 @click.option("--report/--no-report", "make_report", default=True, show_default=True,
@@ -219,55 +262,22 @@ def _csv_ints(text: str | None, flag: str) -> list[int] | None:
 @_errors_to_messages
 def bench(config: str | None, target: str | None, dtype: str | None, threads: int | None, workloads: tuple[str, ...],
           data_dir: str | None, prompts: int | None, max_new_tokens: int | None, repetitions: int | None,
-          seed: int | None, temperatures: tuple[float, ...], top_k: int, top_p: float, draft: str | None,
-          layer_skip: str | None, early_exit: str | None, low_rank_rank: int | None, prompt_lookup: int | None,
-          hf_assisted: str | None, hf_prompt_lookup: int | None, hf_plain: bool, ks: str | None,
-          rules: tuple[str, ...], output: str, overwrite: bool, make_report: bool) -> None:
+          seed: int | None, temperatures: tuple[float, ...], top_k: int, top_p: float, hf_assisted: str | None,
+          hf_prompt_lookup: int | None, hf_plain: bool, ks: str | None, rules: tuple[str, ...], roofline: bool | None,
+          output: str, overwrite: bool, make_report: bool, **drafter_flags: Any) -> None:
     """Benchmark methods against plain decoding on the same prompts, interleaved; write JSONL records.
 
     CONFIG is a TOML file (see docs/bench.md); flags override its values and add methods.
     """
-    from verispec.bench import load_config, render_report, run_bench
-    from verispec.bench.config import read_toml
+    from verispec.bench import config_from_flags, render_report, run_bench
 
-    raw = read_toml(config) if config else {}
-    methods = list(raw.get("methods", []))
-    k_values = _csv_ints(ks, "-k")
-    extra = {"k": k_values} if k_values else {}
-    if rules:
-        extra["acceptance"] = list(rules)
-    hf_extra = {"k": k_values} if k_values else {}
-    added = []
-    if draft:
-        added.append({"name": "draft-model", "draft": draft, **extra})
-    if layer_skip:
-        skip = layer_skip if layer_skip.endswith(".json") else _csv_ints(layer_skip, "--layer-skip")
-        added.append({"name": "layer-skip", "skip": skip, **extra})
-    if early_exit:
-        added.append({"name": "early-exit", "layer": int(early_exit) if early_exit.isdigit() else early_exit, **extra})
-    if low_rank_rank:
-        added.append({"name": "low-rank", "rank": low_rank_rank, **extra})
-    if prompt_lookup:
-        added.append({"name": "prompt-lookup", "ngram": prompt_lookup, **extra})
-    if hf_assisted:
-        added.append({"name": "hf-assisted", "draft": hf_assisted, **hf_extra})
-    if hf_prompt_lookup:
-        added.append({"name": "hf-prompt-lookup", "ngram": hf_prompt_lookup, **hf_extra})
-    if hf_plain:
-        added.append({"name": "hf-plain"})
-    if (ks or rules) and not added:
-        raise VerispecError("-k and --acceptance apply to methods added by flags (--draft, --layer-skip, ...); "
-                            "in a config file, set them per method")
-    if not methods and not added:
-        raise VerispecError("nothing to compare: give a config file or a method flag "
-                            "(--draft, --layer-skip, --early-exit, --low-rank-rank, --prompt-lookup, --hf-assisted, ...)")
-    sampling = [{"temperature": t, **({"top_k": top_k, "top_p": top_p} if t > 0 else {})} for t in temperatures]
-    raw.setdefault("target", DEFAULT_MODEL)
-    bench_config = load_config(base={**raw, "methods": methods + added}, target=target, dtype=dtype,
-                               threads=threads, workloads=list(workloads), data_dir=data_dir, prompts=prompts,
-                               max_new_tokens=max_new_tokens, repetitions=repetitions, seed=seed,
-                               sampling=sampling or None)
-    path = run_bench(bench_config, output, overwrite=overwrite)
+    bench_config = config_from_flags(
+        config, _drafter_flags(drafter_flags), ks, rules,
+        {"hf_assisted": hf_assisted, "hf_prompt_lookup": hf_prompt_lookup, "hf_plain": hf_plain},
+        temperatures, top_k, top_p, target=target, dtype=dtype, threads=threads, workloads=list(workloads),
+        data_dir=data_dir, prompts=prompts, max_new_tokens=max_new_tokens, repetitions=repetitions, seed=seed,
+        roofline=roofline)
+    path = run_bench(bench_config, output, overwrite=overwrite, say=lambda message: click.echo(message, err=True))
     if make_report:
         click.echo(f"report: {render_report(path)}")
     else:

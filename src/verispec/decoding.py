@@ -16,8 +16,10 @@ import torch
 from verispec.acceptance import greedy_verify, parse_rule
 from verispec.drafters.base import DraftContext, Drafter, Proposal
 from verispec.errors import VerispecError
+from verispec.models.protocol import DecoderModel
 from verispec.sampling import SamplingConfig, logits_to_probs
 from verispec.stats import GenerationStats
+from verispec.validation import positive_int
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,8 @@ class GenerationResult:
     target_logprobs: list[float] = dataclasses.field(default_factory=list)  # log p_target(token), T=1, per new token
 
 
-def encode_prompt(model: Any, prompt: str, chat: bool = False) -> list[int]:
-    tokenizer = getattr(model, "tokenizer", None)
+def encode_prompt(model: DecoderModel, prompt: str, chat: bool = False) -> list[int]:
+    tokenizer = model.tokenizer
     if tokenizer is None:
         raise VerispecError("this model has no tokenizer: pass input_ids instead of a text prompt")
     if chat:
@@ -55,9 +57,9 @@ def encode_prompt(model: Any, prompt: str, chat: bool = False) -> list[int]:
     return list(tokenizer.encode(prompt))
 
 
-def eos_ids(model: Any) -> set[int]:
+def eos_ids(model: DecoderModel) -> set[int]:
     ids = set(model.config.eos_token_ids)
-    tokenizer = getattr(model, "tokenizer", None)
+    tokenizer = model.tokenizer
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
@@ -98,25 +100,28 @@ class _Text:
 class Generation:
     """A decoding run: iterate it for ``Step`` records (streaming), then call ``result()``."""
 
-    def __init__(self, model: Any, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
+    def __init__(self, model: DecoderModel, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
                  max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                  drafter: Drafter | None = None, stop: Sequence[str] | str | None = None,
                  chat: bool = False, acceptance: Any = None, ignore_eos: bool = False) -> None:
+        if not isinstance(model, DecoderModel):
+            raise VerispecError(f"model must come from verispec.load_model (a DecoderModel), got {type(model).__name__}")
+        if drafter is not None and not isinstance(drafter, Drafter):
+            raise VerispecError(f"drafter must implement verispec.Drafter (subclass verispec.DrafterBase), "
+                                f"got {type(drafter).__name__}")
         self.model, self.drafter = model, drafter
         self.acceptance = parse_rule(acceptance)
         self.sampling = sampling or SamplingConfig()
         if not isinstance(self.sampling, SamplingConfig):
             raise VerispecError("sampling must be a verispec.SamplingConfig")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise VerispecError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = positive_int(max_new_tokens, "max_new_tokens")
         self.prompt_ids = self._prompt_ids(prompt, input_ids, chat)
         stop = [stop] if isinstance(stop, str) else list(stop or [])
         if any(not s for s in stop):
             raise VerispecError("stop strings must be non-empty")
-        if stop and getattr(model, "tokenizer", None) is None:
+        if stop and model.tokenizer is None:
             raise VerispecError("stop strings need a tokenizer; this model has none")
-        self.text = _Text(getattr(model, "tokenizer", None), stop)
+        self.text = _Text(model.tokenizer, stop)
         self.eos = set() if ignore_eos else eos_ids(model)  # ignore_eos: fixed-length runs for benchmarks
         context = model.config.max_position_embeddings
         if len(self.prompt_ids) + max_new_tokens > context:
@@ -164,7 +169,8 @@ class Generation:
         chosen = rows.gather(1, torch.tensor(kept).view(-1, 1)).squeeze(1) - rows.logsumexp(-1)
         self.target_logprobs.extend(chosen.tolist())
         self.stats.new_tokens = len(self.new_ids)
-        return Step(kept, self.text.delta() if self.text.tokenizer is not None else "", drafted, accepted)
+        text = self.text.delta() if self.text.tokenizer is not None else ""
+        return Step(kept, text, drafted, min(accepted, len(kept)))  # drafts cut by a stop were never emitted
 
     def __iter__(self) -> Iterator[Step]:
         model, stats, drafter = self.model, self.stats, self.drafter
@@ -190,11 +196,11 @@ class Generation:
             proposal = drafter.propose(context, k) if k > 0 else Proposal(torch.empty(0, dtype=torch.long), None)
             t1 = time.perf_counter()
             # 3. Verify: one target call over the last committed token and the K candidates.
-            inputs = torch.tensor([tokens[-1]] + proposal.tokens.tolist())
-            if proposal.reuse is not None:
-                logits = drafter.verify_logits(context, inputs, proposal)
+            inputs = torch.tensor([tokens[-1]] + proposal.tokens.tolist())  # [K+1]
+            if k > 0:
+                logits = drafter.target_logits(context, inputs)  # [K+1, vocab]
             else:
-                logits = model.forward(inputs, cache, n - 1)  # [K+1, vocab]
+                logits = model.forward(inputs, cache, n - 1)  # [1, vocab]
             verdict = self._verify(proposal.tokens, proposal.probs, logits)
             # 4. Roll back: the caches keep the committed tokens only.
             cache.rollback(n + verdict.num_accepted)
@@ -207,8 +213,9 @@ class Generation:
             stats.draft_calls += proposal.draft_calls
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            stats.record_step(proposal.tokens.numel(), verdict.num_accepted, len(new))
-            yield self._commit(new, proposal.tokens.numel(), verdict.num_accepted, logits)
+            step = self._commit(new, proposal.tokens.numel(), verdict.num_accepted, logits)
+            stats.record_step(step.drafted, step.accepted, len(step.token_ids))
+            yield step
         stats.wall_seconds = time.perf_counter() - start
 
     def _verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor):
@@ -225,12 +232,12 @@ class Generation:
                                 self.target_logprobs)
 
 
-def stream(model: Any, prompt: str | None = None, **kwargs: Any) -> Generation:
+def stream(model: DecoderModel, prompt: str | None = None, **kwargs: Any) -> Generation:
     """Like ``generate`` but returns the run: iterate it for ``Step`` records as tokens are produced."""
     return Generation(model, prompt, **kwargs)
 
 
-def generate(model: Any, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
+def generate(model: DecoderModel, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
              max_new_tokens: int = 128, sampling: SamplingConfig | None = None, drafter: Drafter | None = None,
              stop: Sequence[str] | str | None = None, chat: bool = False, acceptance: Any = None,
              ignore_eos: bool = False) -> GenerationResult:

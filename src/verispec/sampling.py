@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from verispec.errors import VerispecError
+from verispec.validation import integer, number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,15 +29,11 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        t, p = self.temperature, self.top_p
-        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
-            raise VerispecError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1:
-            raise VerispecError(f"top_p must be in (0, 1], got {p!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise VerispecError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0):
-            raise VerispecError(f"seed must be a non-negative integer, got {self.seed!r}")
+        number(self.temperature, "temperature", 0)
+        number(self.top_p, "top_p", 0, 1, low_open=True)
+        integer(self.top_k, "top_k", minimum=0)
+        if self.seed is not None:
+            integer(self.seed, "seed", minimum=0)
 
     @property
     def greedy(self) -> bool:

@@ -1,9 +1,26 @@
-"""The evaluation harness: ``verispec bench`` runs experiments, ``verispec report`` renders them."""
+"""The evaluation harness: ``verispec bench`` runs experiments, ``verispec report`` renders them.
 
-from verispec.bench.config import BenchConfig, Setting, load_config
-from verispec.bench.report import render_report
-from verispec.bench.runner import read_results, run_bench, summarise
-from verispec.bench.workloads import Prompt, load_workload
+Names are imported on first use, so reading and rendering results (``records``, ``report``) never
+loads torch or the model runtime.
+"""
 
-__all__ = ["BenchConfig", "Prompt", "Setting", "load_config", "load_workload", "read_results", "render_report",
-           "run_bench", "summarise"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BenchConfig": "config", "Setting": "config", "load_config": "config", "config_from_flags": "config",
+    "Prompt": "workloads", "load_workload": "workloads",
+    "read_results": "records", "summarise": "records",
+    "render_report": "report",
+    "run_bench": "runner",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'verispec.bench' has no attribute '{name}'")
+    return getattr(importlib.import_module(f"verispec.bench.{_EXPORTS[name]}"), name)

@@ -29,28 +29,24 @@ from pathlib import Path
 from typing import Any
 
 from verispec.acceptance import parse_rule
+from verispec.drafters.registry import DRAFTERS, DrafterChoice, flag_selections, make_choice, parse_drafter
 from verispec.errors import VerispecError
 from verispec.models.loading import parse_dtype
 from verispec.sampling import SamplingConfig
+from verispec.validation import integer
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-# method name -> (engine, parameters it takes, parameters it needs)
-METHODS: dict[str, tuple[str, dict[str, type | tuple], tuple[str, ...]]] = {
-    "draft-model": ("verispec", {"draft": str}, ("draft",)),
-    "layer-skip": ("verispec", {"skip": (list, str), "skip_attention": list, "skip_mlp": list}, ()),
-    "early-exit": ("verispec", {"layer": (int, str)}, ("layer",)),
-    "low-rank": ("verispec", {"rank": int, "energy": float, "targets": list}, ()),
-    "prompt-lookup": ("verispec", {"ngram": int}, ()),
-    "hf-plain": ("transformers", {}, ()),
-    "hf-assisted": ("transformers", {"draft": str}, ("draft",)),
-    "hf-prompt-lookup": ("transformers", {"ngram": int}, ()),
-}
+DEFAULT_TARGET = "smollm2-135m"
+
+# transformers' own generate, measured beside verispec: each takes the parameters (and default K)
+# of the verispec drafter it corresponds to.
+HF_METHODS: dict[str, str | None] = {"hf-plain": None, "hf-assisted": "draft-model", "hf-prompt-lookup": "prompt-lookup"}
 TOP_LEVEL = {"target", "dtype", "threads", "max_new_tokens", "prompts", "repetitions", "seed", "workloads",
-             "data_dir", "chat", "ignore_eos", "warmup_tokens", "sampling", "methods"}
+             "data_dir", "chat", "ignore_eos", "warmup_tokens", "roofline", "sampling", "methods"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +72,18 @@ class Setting:
     @property
     def exact(self) -> bool:
         return parse_rule(self.acceptance).exact
+
+    @property
+    def choice(self) -> DrafterChoice | None:
+        """The drafter this setting builds (None for plain decoding and transformers' engines)."""
+        return DrafterChoice(self.method, self.params, self.k) if self.engine == "verispec" and self.k else None
+
+    def pair(self, target: str) -> str:
+        """The model pair, or the approximation of the target, in words."""
+        if self.method in ("plain", "hf-plain"):
+            return target
+        counterpart = HF_METHODS.get(self.method, self.method)
+        return DrafterChoice(counterpart, self.params, self.k).describe(target)
 
 
 def _short(value: Any) -> str:
@@ -103,6 +111,7 @@ class BenchConfig:
     chat: str = "auto"  # "auto": chat template when the tokenizer has one (never for code completion); "always"; "never"
     ignore_eos: bool = True  # fixed-length outputs, so speedups compare equal work
     warmup_tokens: int = 8
+    roofline: bool = False  # measure the read bandwidth; records then say what share of it decoding reaches
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -115,57 +124,37 @@ def _fail(where: str, message: str) -> VerispecError:
     return VerispecError(f"bench config: {where}: {message}")
 
 
-def _check_type(where: str, key: str, value: Any, kind: type | tuple) -> None:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if float in kinds and isinstance(value, int) and not isinstance(value, bool):
-        return
-    if isinstance(value, bool) and bool not in kinds:
-        raise _fail(where, f"'{key}' must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
-    if not isinstance(value, kinds):
-        raise _fail(where, f"'{key}' must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}")
-
-
 def _as_list(value: Any) -> list:
     return value if isinstance(value, list) else [value]
 
 
 def _positive_int(where: str, key: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _fail(where, f"'{key}' must be an integer >= {minimum}, got {value!r}")
-    return value
+    try:
+        return integer(value, f"'{key}'", minimum=minimum)
+    except VerispecError as exc:
+        raise _fail(where, str(exc)) from None
 
 
 def parse_method(index: int, table: Any) -> list[Setting]:
+    """One ``[[methods]]`` table -> a setting per (K, acceptance rule). Drafter parameters are checked
+    by the drafter registry (the same checks as the CLI's), before any model is loaded."""
     where = f"methods[{index}]"
     if not isinstance(table, dict):
         raise _fail(where, "each method is a table with a 'name'")
     name = table.get("name")
     if name == "plain":
         return []  # always run; listing it is harmless
-    if name not in METHODS:
-        raise _fail(where, f"unknown method {name!r}; choose from plain, {', '.join(METHODS)}")
-    engine, allowed, required = METHODS[name]
+    known = ["plain", *DRAFTERS, *HF_METHODS]
+    if name not in DRAFTERS and name not in HF_METHODS:
+        raise _fail(where, f"unknown method {name!r}; choose from {', '.join(known)}")
     where = f"methods[{index}] ({name})"
-    params = {}
-    for key, value in table.items():
-        if key in ("name", "k", "acceptance"):
-            continue
-        if key not in allowed:
-            raise _fail(where, f"unknown key '{key}'; {name} takes {', '.join(['k', 'acceptance', *allowed]) if name != 'hf-plain' else 'no parameters'}")
-        _check_type(where, key, value, allowed[key])
-        params[key] = value
-    missing = [key for key in required if key not in params]
-    if missing:
-        raise _fail(where, f"missing '{missing[0]}'")
-    if name == "layer-skip" and not any(params.get(key) for key in ("skip", "skip_attention", "skip_mlp")):
-        raise _fail(where, "give 'skip' (layers or a tuned JSON file), 'skip_attention' or 'skip_mlp'")
-    if name == "low-rank" and ("rank" in params) == ("energy" in params):
-        raise _fail(where, "give exactly one of 'rank' or 'energy'")
+    params = {key: value for key, value in table.items() if key not in ("name", "k", "acceptance")}
     if name == "hf-plain":
-        if "k" in table or "acceptance" in table:
-            raise _fail(where, "hf-plain takes no k or acceptance")
-        return [Setting(name, engine, params, 0)]
-    ks = [_positive_int(where, "k", k) for k in _as_list(table.get("k", 4))]
+        if params or "k" in table or "acceptance" in table:
+            raise _fail(where, "hf-plain takes no parameters, k or acceptance")
+        return [Setting(name, "transformers", {}, 0)]
+    engine = "transformers" if name in HF_METHODS else "verispec"
+    drafter = HF_METHODS.get(name, name)
     rules = _as_list(table.get("acceptance", "exact"))
     for rule in rules:
         if not isinstance(rule, str):
@@ -176,7 +165,14 @@ def parse_method(index: int, table: Any) -> list[Setting]:
             raise _fail(where, str(exc)) from None
         if engine == "transformers" and rule != "exact":
             raise _fail(where, "transformers' assisted generation has only its exact rule")
-    return [Setting(name, engine, params, k, rule) for k in ks for rule in rules]
+    settings = []
+    for k in _as_list(table.get("k")):
+        try:
+            choice = make_choice(drafter, params, k, where=where)
+        except VerispecError as exc:
+            raise VerispecError(f"bench config: {exc}") from None
+        settings += [Setting(name, engine, dict(choice.params), choice.k, rule) for rule in rules]
+    return settings
 
 
 def parse_sampling(index: int, table: Any) -> SamplingConfig:
@@ -220,15 +216,11 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
     threads = raw.get("threads")
     if threads is not None:
         _positive_int("top level", "threads", threads)
-    ignore_eos = raw.get("ignore_eos", True)
-    if not isinstance(ignore_eos, bool):
-        raise _fail("top level", f"'ignore_eos' must be true or false, got {ignore_eos!r}")
+    ignore_eos = _flag("ignore_eos", raw.get("ignore_eos", True))
     data_dir = raw.get("data_dir")
     if data_dir is not None and not isinstance(data_dir, str):
         raise _fail("top level", f"'data_dir' must be a path string, got {data_dir!r}")
-    seed = raw.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise _fail("top level", f"'seed' must be an integer >= 0, got {seed!r}")
+    seed = _positive_int("top level", "seed", raw.get("seed", 0), minimum=0)
     return BenchConfig(
         target=target, settings=tuple(settings), workloads=tuple(workloads), samplings=tuple(samplings),
         dtype=raw.get("dtype", "bfloat16"), threads=threads,
@@ -236,7 +228,14 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
         prompts=_positive_int("top level", "prompts", raw.get("prompts", 2)),
         repetitions=_positive_int("top level", "repetitions", raw.get("repetitions", 1)),
         seed=seed, data_dir=data_dir, chat=chat, ignore_eos=ignore_eos,
-        warmup_tokens=_positive_int("top level", "warmup_tokens", raw.get("warmup_tokens", 8), minimum=0))
+        warmup_tokens=_positive_int("top level", "warmup_tokens", raw.get("warmup_tokens", 8), minimum=0),
+        roofline=_flag("roofline", raw.get("roofline", False)))
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail("top level", f"'{key}' must be true or false, got {value!r}")
+    return value
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -256,3 +255,35 @@ def load_config(path: str | Path | None = None, base: dict[str, Any] | None = No
         if value is not None and value != [] and value != ():
             raw[key] = value
     return from_dict(raw)
+
+
+def config_from_flags(config_file: str | None, flags: dict[str, Any], ks: str | None, rules: tuple[str, ...],
+                      hf: dict[str, Any], temperatures: tuple[float, ...], top_k: int, top_p: float,
+                      **overrides: Any) -> BenchConfig:
+    """`verispec bench`'s command line -> a ``BenchConfig``: the config file's values, overridden by
+    flags; drafter flags (the registry's, as on `verispec generate`) and ``hf`` flags add methods."""
+    raw = read_toml(config_file) if config_file else {}
+    methods = list(raw.get("methods", []))
+    extra: dict[str, Any] = {"k": ks.split(",")} if ks else {}
+    rule_list = {"acceptance": list(rules)} if rules else {}
+    added = [{"name": name, **params, **extra, **rule_list} for name, params, _ in flag_selections(flags)]
+    for text in flags.get("--drafter") or ():  # the spec form carries its own K (or the drafter's default)
+        choice = parse_drafter(text)
+        added.append({"name": choice.name, **choice.params, "k": choice.k, **rule_list})
+    if hf.get("hf_assisted"):
+        added.append({"name": "hf-assisted", "draft": hf["hf_assisted"], **extra})
+    if hf.get("hf_prompt_lookup") is not None:
+        added.append({"name": "hf-prompt-lookup", "ngram": hf["hf_prompt_lookup"], **extra})
+    if hf.get("hf_plain"):
+        added.append({"name": "hf-plain"})
+    if (ks or rules) and not added:
+        raise VerispecError("-k and --acceptance apply to methods added by flags (--draft, --layer-skip, ...); "
+                            "in a config file, set them per method")
+    if not methods and not added:
+        raise VerispecError("nothing to compare: give a config file or a method flag "
+                            "(--draft, --layer-skip, --early-exit, --low-rank-rank, --prompt-lookup, --drafter, "
+                            "--hf-assisted, ...)")
+    sampling = [{"temperature": t, **({"top_k": top_k, "top_p": top_p} if t > 0 else {})} for t in temperatures]
+    raw.setdefault("target", DEFAULT_TARGET)
+    return load_config(base={**raw, "methods": methods + added}, sampling=sampling or None, **overrides)
+

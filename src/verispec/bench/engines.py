@@ -1,81 +1,90 @@
 """The two engines a benchmark drives: verispec's own loop, and transformers' generate (plain,
-assisted generation with an assistant model, and prompt lookup) measured the same way."""
+assisted generation with an assistant model, and prompt lookup) measured the same way. Both return a
+``GenerationResult`` whose ``GenerationStats`` is the run's one record."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
 import torch
 
-from verispec.bench.config import Setting
-from verispec.decoding import Generation
+from verispec.bench.config import BenchConfig, Setting
+from verispec.bench.workloads import Prompt
+from verispec.decoding import GenerationResult, encode_prompt, generate
 from verispec.errors import VerispecError
+from verispec.models.loading import load_model, parse_dtype
+from verispec.models.protocol import DecoderModel
 from verispec.sampling import SamplingConfig
+from verispec.stats import GenerationStats
 
 
-@dataclasses.dataclass
-class Outcome:
-    """One measured run. Fields that an engine cannot observe stay None (never estimated)."""
+class Engines:
+    """Models and drafters, loaded once per benchmark and shared by every run."""
 
-    token_ids: list[int]
-    text: str
-    target_logprobs: list[float]
-    wall_seconds: float
-    first_token_seconds: float
-    target_calls: int
-    draft_calls: int | None
-    drafted_tokens: int | None
-    accepted_tokens: int | None
-    mean_accepted_length: float  # new tokens per target call after the first (plain: 1.0)
-    acceptance_by_position: list[float] | None
-    draft_seconds: float | None
-    verify_seconds: float | None
-    exact: bool
-    settings: dict[str, Any]
+    def __init__(self, config: BenchConfig) -> None:
+        self.config = config
+        self.target = load_model(config.target, dtype=config.dtype)
+        self.models: dict[str, DecoderModel] = {}  # draft models by name, shared by the settings that use them
+        self.drafters = {s.label: s.choice.build(self.load) for s in config.settings if s.choice is not None}
+        self.hf_target = None
+        self.hf_drafts: dict[str, Any] = {}
+        for setting in config.settings:
+            if setting.engine != "transformers":
+                continue
+            if self.hf_target is None:
+                self.hf_target = load_hf(config.target, parse_dtype(config.dtype))
+            draft = setting.params.get("draft")
+            if draft is not None and draft not in self.hf_drafts:
+                self.hf_drafts[draft] = load_hf(draft, parse_dtype(config.dtype))
 
+    def load(self, name: str) -> DecoderModel:
+        if name not in self.models:
+            self.models[name] = load_model(name, dtype=self.config.dtype)
+        return self.models[name]
 
-def make_drafter(setting: Setting) -> Any:
-    from verispec import drafters
-
-    p, k = setting.params, setting.k
-    if setting.method == "draft-model":
-        raise AssertionError("draft models are built by the runner (the model is shared)")
-    if setting.method == "layer-skip":
-        skip = p.get("skip", [])
-        return drafters.LayerSkip(skip if isinstance(skip, str) else [int(i) for i in skip], k=k,
-                                  skip_attention=p.get("skip_attention", ()) or (), skip_mlp=p.get("skip_mlp", ()) or ())
-    if setting.method == "early-exit":
-        return drafters.EarlyExit(p["layer"], k=k)
-    if setting.method == "low-rank":
-        return drafters.LowRank(rank=p.get("rank"), energy=p.get("energy"), k=k,
-                                targets=tuple(p.get("targets", ("attention", "mlp"))))
-    if setting.method == "prompt-lookup":
-        return drafters.PromptLookup(ngram=p.get("ngram", 3), k=k)
-    raise AssertionError(setting.method)
+    def run(self, setting: Setting, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int,
+            seed: int) -> GenerationResult:
+        sampling = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed=seed)
+        if setting.engine == "transformers":
+            assistant = self.hf_drafts.get(setting.params.get("draft"))
+            return run_transformers(self.hf_target, assistant, self.target.tokenizer, prompt_ids, sampling, setting,
+                                    max_new_tokens, self.config.ignore_eos, seed)
+        return generate(self.target, input_ids=prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
+                        drafter=self.drafters.get(setting.label), acceptance=setting.acceptance,
+                        ignore_eos=self.config.ignore_eos)
 
 
-def run_verispec(model: Any, drafter: Any, prompt_ids: list[int], sampling: SamplingConfig, setting: Setting,
-                 max_new_tokens: int, ignore_eos: bool) -> Outcome:
-    run = Generation(model, input_ids=prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                     drafter=drafter, acceptance=setting.acceptance, ignore_eos=ignore_eos)
-    result = run.result()
-    s = result.stats
-    drafting = drafter is not None
-    return Outcome(result.token_ids, result.text or "", result.target_logprobs, s.wall_seconds, s.first_token_seconds,
-                   s.target_calls, s.draft_calls if drafting else None, s.drafted_tokens if drafting else None,
-                   s.accepted_tokens if drafting else None, s.mean_accepted_length,
-                   s.acceptance_rate_by_position if drafting else None,
-                   s.draft_seconds if drafting else None, s.verify_seconds if drafting else None,
-                   s.exact, dict(s.settings))
+def prompt_ids(model: DecoderModel, prompt: Prompt, chat: str) -> tuple[list[int], bool]:
+    """The prompt's token ids, and whether the chat template wrapped it."""
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise VerispecError(f"{model.name} has no tokenizer: benchmarks need text prompts")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    use_chat = not prompt.completion and (chat == "always" or (chat == "auto" and has_template))
+    if use_chat and not has_template:
+        raise VerispecError(f"chat = 'always' but {model.name}'s tokenizer has no chat template")
+    return encode_prompt(model, prompt.text, chat=use_chat), use_chat
+
+
+def weight_bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes of weights one decode step reads: every matrix once; of an embedding table one row,
+    counted as nothing, unless the head shares it (then the whole table, once)."""
+    names: dict[int, list[str]] = {}
+    params: dict[int, torch.nn.Parameter] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+        params[id(param)] = param
+    return sum(p.numel() * p.element_size() for i, p in params.items() if any("embed" not in n for n in names[i]))
 
 
 class _CallMeter:
     """Counts a module's forward calls and times them (forward pre/post hooks)."""
 
     def __init__(self, module: torch.nn.Module) -> None:
-        self.calls, self.seconds, self.first_end, self._t0 = 0, 0.0, None, 0.0
+        self.calls, self.seconds, self._t0 = 0, 0.0, 0.0
+        self.first_end: float | None = None
+        self.first_seconds = 0.0
         self.handles = [module.register_forward_pre_hook(self._pre), module.register_forward_hook(self._post)]
 
     def _pre(self, *_: Any) -> None:
@@ -86,7 +95,7 @@ class _CallMeter:
         self.calls += 1
         self.seconds += now - self._t0
         if self.first_end is None:
-            self.first_end = now
+            self.first_end, self.first_seconds = now, now - self._t0
 
     def close(self) -> None:
         for handle in self.handles:
@@ -104,9 +113,8 @@ def load_hf(source: str, dtype: torch.dtype) -> Any:
         raise VerispecError(f"transformers cannot load {source}: {exc}") from None
 
 
-def run_transformers(model: Any, assistant: Any, tokenizer: Any, prompt_ids: list[int], sampling: SamplingConfig,
-                     setting: Setting, max_new_tokens: int, ignore_eos: bool, seed: int) -> Outcome:
-    """transformers' generate with the same prompt ids, sampling and length; calls counted by hooks."""
+def _generate_kwargs(setting: Setting, sampling: SamplingConfig, assistant: Any, tokenizer: Any,
+                     max_new_tokens: int, ignore_eos: bool) -> dict[str, Any]:
     kwargs: dict[str, Any] = dict(max_new_tokens=max_new_tokens, return_dict_in_generate=True, output_logits=True,
                                   pad_token_id=(tokenizer.eos_token_id if tokenizer is not None else None) or 0)
     if ignore_eos:
@@ -122,9 +130,20 @@ def run_transformers(model: Any, assistant: Any, tokenizer: Any, prompt_ids: lis
         kwargs["assistant_model"] = assistant
     elif setting.method == "hf-prompt-lookup":
         kwargs.update(prompt_lookup_num_tokens=setting.k, max_matching_ngram_size=setting.params.get("ngram", 3))
+    return kwargs
+
+
+def run_transformers(model: Any, assistant: Any, tokenizer: Any, prompt_ids: list[int], sampling: SamplingConfig,
+                     setting: Setting, max_new_tokens: int, ignore_eos: bool, seed: int) -> GenerationResult:
+    """transformers' generate with the same prompt ids, sampling and length; calls counted by hooks.
+
+    What transformers does not expose stays None in the stats: prompt lookup's proposed candidates
+    (so its drafted tokens and acceptance rate), its drafting time, and acceptance by position.
+    """
+    kwargs = _generate_kwargs(setting, sampling, assistant, tokenizer, max_new_tokens, ignore_eos)
     input_ids = torch.tensor([prompt_ids])
     target_meter = _CallMeter(model)
-    draft_meter = _CallMeter(assistant) if assistant is not None and setting.method == "hf-assisted" else None
+    draft_meter = _CallMeter(assistant) if setting.method == "hf-assisted" else None
     torch.manual_seed(seed)
     try:
         start = time.perf_counter()
@@ -140,15 +159,23 @@ def run_transformers(model: Any, assistant: Any, tokenizer: Any, prompt_ids: lis
     text = tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else ""
     calls = target_meter.calls
     drafting = setting.method != "hf-plain"
-    # Each target call commits its accepted candidates plus one token, so accepted = new - calls.
-    accepted = len(new) - calls if drafting else None
-    drafted = draft_meter.calls if draft_meter is not None else None  # prompt lookup's candidates are not exposed
-    settings = {"method": setting.method, "engine": "transformers", **setting.params}
-    if setting.k:
-        settings["k"] = setting.k
-    return Outcome(new, text, logprobs, wall, (target_meter.first_end or start) - start, calls,
-                   draft_meter.calls if draft_meter is not None else (0 if drafting else None), drafted, accepted,
-                   # transformers' first assisted call verifies while it prefills: tokens per target call
-                   len(new) / calls if drafting and calls else 1.0, None,
-                   draft_meter.seconds if draft_meter is not None else None,
-                   target_meter.seconds if drafting else None, True, settings)
+    stats = GenerationStats(
+        method=setting.method, engine="transformers", k=setting.k, exact=True,
+        settings={"method": setting.method, "engine": "transformers", **setting.params, **({"k": setting.k} if setting.k else {})},
+        sampling=sampling.describe(), seed=seed, prompt_tokens=len(prompt_ids), new_tokens=len(new),
+        target_calls=calls,
+        # Each assistant forward pass proposes one candidate; prompt lookup's proposals are not exposed.
+        draft_calls=draft_meter.calls if draft_meter is not None else 0,
+        drafted_tokens=draft_meter.calls if draft_meter is not None else (None if drafting else 0),
+        # Each target call commits its accepted candidates plus one token, so accepted = new - calls.
+        accepted_tokens=len(new) - calls if drafting else 0,
+        # The first assisted call prefills and verifies at once: a decode step (see GenerationStats).
+        decode_steps=calls if drafting else calls - 1, decode_step_tokens=len(new) if drafting else len(new) - 1,
+        drafted_by_position=None if drafting else [], accepted_by_position=None if drafting else [],
+        wall_seconds=wall, prefill_seconds=target_meter.first_seconds,
+        first_token_seconds=(target_meter.first_end or start) - start,
+        draft_seconds=draft_meter.seconds if draft_meter is not None else (None if drafting else 0.0),
+        verify_seconds=target_meter.seconds - target_meter.first_seconds,
+    )
+    finish = "length" if len(new) >= max_new_tokens else "eos"
+    return GenerationResult(new, text, finish, stats, list(prompt_ids), logprobs)

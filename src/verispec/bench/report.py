@@ -7,11 +7,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from verispec.bench.runner import read_results, summarise
+from verispec.bench.records import read_results, summarise
 from verispec.errors import VerispecError
 
 HEADER = ["method", "mode", "rule", "K", "runs", "acceptance", "mean accepted length", "target calls / token",
           "tok/s", "speedup (median [spread])", "quality vs plain"]
+ROOFLINE = "share of read bandwidth"
 
 
 def _f(value: Any, fmt: str = "{:.2f}") -> str:
@@ -40,26 +41,33 @@ def _row(s: dict[str, Any]) -> list[str]:
     rule = s["acceptance"] if s["exact"] else f"**{s['acceptance']} (APPROXIMATE)**"
     label = s["setting"] if s["engine"] == "verispec" else f"{s['setting']} (transformers)"
     return [label, s["mode"], rule, str(s["k"] or "–"), str(s["runs"]), _f(s["acceptance_rate"], "{:.1%}"),
-            _f(s["mean_accepted_length"]), _f(s["target_calls_per_token"], "{:.3f}"), _f(s["tokens_per_s"]),
-            speed, _quality(s)]
+            _f(s["mean_accepted_length"]), _f(s["target_calls_per_token"], "{:.3f}"), _f(s["tokens_per_second"]),
+            speed, _quality(s), _f(s["roofline"], "{:.0%}")]
 
 
 def tables(summaries: list[dict[str, Any]]) -> dict[str, list[list[str]]]:
+    """Rows per workload under ``HEADER``; the roofline column only when some run measured it."""
     out: dict[str, list[list[str]]] = {}
+    keep = len(HEADER) + any(s["roofline"] is not None for s in summaries)
     order = lambda s: (s["mode"] != "greedy", s["mode"], s["method"] != "plain", s["engine"], s["setting"])
     for s in sorted(summaries, key=lambda s: (s["workload"], *order(s))):
-        out.setdefault(s["workload"], []).append(_row(s))
+        out.setdefault(s["workload"], []).append(_row(s)[:keep])
     return out
 
 
+def _header(rows: list[list[str]]) -> list[str]:
+    return (HEADER + [ROOFLINE])[: len(rows[0])]
+
+
 def _markdown_table(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    header = _header(rows)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def _html_table(rows: list[list[str]]) -> str:
     cell = lambda v, tag: f"<{tag}>{html.escape(v).replace('**', '')}</{tag}>"
-    head = "<tr>" + "".join(cell(h, "th") for h in HEADER) + "</tr>"
+    head = "<tr>" + "".join(cell(h, "th") for h in _header(rows)) + "</tr>"
     body = "".join("<tr>" + "".join(cell(v, "td") for v in r) + "</tr>" for r in rows)
     return f"<table>{head}{body}</table>"
 
@@ -98,11 +106,12 @@ def plots(records: list[dict[str, Any]], folder: Path) -> list[str]:
     plt.close(fig)
     names.append("speedup_vs_k.png")
 
-    settings = sorted({r["setting"] for r in records if r["acceptance_by_position"]})
+    settings = sorted({r["setting"] for r in records if r["acceptance_rate_by_position"]})
     if settings:
         fig, ax = plt.subplots(figsize=(6.5, 4))
         for setting in settings:
-            positions = [r["acceptance_by_position"] for r in records if r["setting"] == setting and r["acceptance_by_position"]]
+            positions = [r["acceptance_rate_by_position"] for r in records
+                         if r["setting"] == setting and r["acceptance_rate_by_position"]]
             width = max(map(len, positions))
             ys = [statistics.fmean(p[i] for p in positions if len(p) > i) for i in range(width)]
             ax.plot(range(1, width + 1), ys, marker="o", label=setting)
@@ -121,19 +130,11 @@ def plots(records: list[dict[str, Any]], folder: Path) -> list[str]:
     parts = {"prefill": [], "draft": [], "target / verify": [], "other": []}
     for setting in labels:
         rows = [r for r in records if r["setting"] == setting]
-        mean = lambda key: statistics.fmean((r[key] or 0.0) for r in rows)
-        if rows[0]["engine"] == "transformers":  # its first call prefills while it verifies
-            parts["prefill"].append(0.0)
-            target = mean("verify_s") if rows[0]["verify_s"] is not None else mean("latency_s")
-        elif rows[0]["draft_s"] is None:  # plain: everything after the prefill is target steps
-            parts["prefill"].append(mean("ttft_s"))
-            target = mean("latency_s") - mean("ttft_s")
-        else:
-            parts["prefill"].append(mean("ttft_s"))
-            target = mean("verify_s")
-        parts["draft"].append(mean("draft_s"))
-        parts["target / verify"].append(target)
-        parts["other"].append(max(0.0, mean("latency_s") - parts["prefill"][-1] - parts["draft"][-1] - target))
+        mean = lambda key: statistics.fmean((r[key] or 0.0) for r in rows)  # unobserved (None) counts as 0
+        # Every engine fills the same fields: the prefill call, drafting, target calls after it, the rest.
+        for part, key in (("prefill", "prefill_seconds"), ("draft", "draft_seconds"),
+                          ("target / verify", "verify_seconds"), ("other", "other_seconds")):
+            parts[part].append(mean(key))
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(labels) + 1.5))
     left = [0.0] * len(labels)
     for name, values in parts.items():

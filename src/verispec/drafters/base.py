@@ -1,4 +1,5 @@
-"""The drafter protocol: every draft source proposes candidates and learns how many were accepted."""
+"""The drafter protocol: every draft source proposes candidates, has them verified, and learns how
+many were accepted."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from verispec.models.protocol import DecoderModel, KVCacheLike
 from verispec.sampling import SamplingConfig, logits_to_probs, sample
+from verispec.validation import positive_int
 
 
 @dataclasses.dataclass
@@ -15,8 +18,8 @@ class DraftContext:
     """What a drafter may read when it proposes: the committed tokens and the target's state."""
 
     tokens: list[int]  # every committed token, prompt included; the last one is not yet in the target cache
-    target: Any  # the target model (self-speculative drafters run parts of it)
-    cache: Any  # the target's KV cache (self-speculative drafters share its committed prefix)
+    target: DecoderModel  # the target model (self-speculative drafters run parts of it)
+    cache: KVCacheLike  # the target's KV cache (self-speculative drafters share its committed prefix)
     sampling: SamplingConfig
     generator: torch.Generator
 
@@ -28,12 +31,16 @@ class Proposal:
     tokens: torch.Tensor  # [K] long
     probs: torch.Tensor | None  # [K, vocab] q after the sampling transform; None for a deterministic draft
     draft_calls: int = 0  # draft forward passes spent on this proposal
-    reuse: Any = None  # optional state the drafter's own verify() uses (early exit's saved hidden states)
 
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A draft source. ``k`` is the candidate length it proposes per step."""
+    """A draft source. ``k`` is the candidate length it proposes per step.
+
+    The decoding loop calls, per run: ``start`` once after the prefill; then per step ``propose``,
+    ``target_logits`` (the one verification pass over the last committed token and the candidates),
+    and ``accepted``. Subclass ``DrafterBase`` for the usual defaults.
+    """
 
     k: int
 
@@ -43,6 +50,10 @@ class Drafter(Protocol):
     def propose(self, context: DraftContext, k: int) -> Proposal:
         """Propose up to ``k`` tokens continuing ``context.tokens``."""
 
+    def target_logits(self, context: DraftContext, inputs: torch.Tensor) -> torch.Tensor:
+        """The target's logits [K+1, vocab] for ``inputs`` [K+1] (last committed token, then the
+        candidates) at positions len(tokens)-1.. ; writes their KV into ``context.cache``."""
+
     def accepted(self, num_accepted: int) -> None:
         """Learn that the first ``num_accepted`` candidates were kept; roll back own state to match."""
 
@@ -50,12 +61,32 @@ class Drafter(Protocol):
         """The drafter's name and parameters, for stats and records."""
 
 
-def validate_k(k: int) -> int:
-    from verispec.errors import VerispecError
+class DrafterBase:
+    """Defaults for the ``Drafter`` protocol: a plain target pass verifies, no state to roll back."""
 
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise VerispecError(f"k (candidate length) must be an integer >= 1, got {k!r}")
-    return k
+    method = "drafter"
+
+    def __init__(self, k: int) -> None:
+        self.k = validate_k(k)
+
+    def start(self, context: DraftContext) -> None:
+        pass
+
+    def propose(self, context: DraftContext, k: int) -> Proposal:
+        raise NotImplementedError
+
+    def target_logits(self, context: DraftContext, inputs: torch.Tensor) -> torch.Tensor:
+        return context.target.forward(inputs, context.cache, len(context.tokens) - 1)  # [K+1, vocab]
+
+    def accepted(self, num_accepted: int) -> None:
+        pass
+
+    def settings(self) -> dict[str, Any]:
+        return {"method": self.method, "k": self.k}
+
+
+def validate_k(k: Any) -> int:
+    return positive_int(k, "k (candidate length)")
 
 
 def draft_token(logits: torch.Tensor, sampling: SamplingConfig,

@@ -7,18 +7,22 @@ from typing import Any
 
 import torch
 
-from verispec.drafters.base import DraftContext, Proposal, draft_token, validate_k
+from verispec.drafters.registry import DrafterSpec, Param
+from verispec.drafters.base import DraftContext, DrafterBase, Proposal, draft_token
 from verispec.errors import VerispecError
+from verispec.models.protocol import DecoderModel
 
 log = logging.getLogger(__name__)
 
+SPEC_DEFAULT_K = 5
 
-def check_vocabularies(target: Any, draft: Any) -> None:
+
+def check_vocabularies(target: DecoderModel, draft: DecoderModel) -> None:
     """Identical vocabularies pass; ones that differ only by padding rows at the end are masked later.
 
     Anything else is an error: translating between tokenizers is not supported.
     """
-    t_tok, d_tok = getattr(target, "tokenizer", None), getattr(draft, "tokenizer", None)
+    t_tok, d_tok = target.tokenizer, draft.tokenizer
     if t_tok is not None and d_tok is not None:
         t_vocab, d_vocab = t_tok.get_vocab(), d_tok.get_vocab()
         if t_vocab != d_vocab:
@@ -34,7 +38,7 @@ def check_vocabularies(target: Any, draft: Any) -> None:
                     "assuming the extra rows are padding", target.config.vocab_size, draft.config.vocab_size)
 
 
-class DraftModel:
+class DraftModel(DrafterBase):
     """Draft with a separate model that has its own KV cache.
 
     Candidates are sampled autoregressively under the same sampling transform as the target. The
@@ -42,13 +46,18 @@ class DraftModel:
     not (the last recovered/bonus token, and an accepted final draft it never fed) go in one pass.
     """
 
-    def __init__(self, model: Any, k: int = 5) -> None:
-        self.model, self.k = model, validate_k(k)
+    method = "draft-model"
+
+    def __init__(self, model: DecoderModel, k: int = SPEC_DEFAULT_K) -> None:
+        super().__init__(k)
+        if not isinstance(model, DecoderModel):
+            raise VerispecError(f"DraftModel takes a model from verispec.load_model, got {type(model).__name__}")
+        self.model = model
         self.cache = None
         self.cached = 0  # committed tokens whose KV the draft cache holds
 
     def settings(self) -> dict[str, Any]:
-        return {"method": "draft-model", "draft": getattr(self.model, "name", "") or "draft", "k": self.k}
+        return {"method": self.method, "draft": self.model.name or "draft", "k": self.k}
 
     def start(self, context: DraftContext) -> None:
         check_vocabularies(context.target, self.model)
@@ -84,3 +93,12 @@ class DraftModel:
     def accepted(self, num_accepted: int) -> None:
         self.cached = min(self.cached, self.base + num_accepted)
         self.cache.rollback(self.cached)
+
+
+SPEC = DrafterSpec(
+    name="draft-model", summary="a separate, smaller model with its own KV cache",
+    params=(Param("draft", "str", "Draft model (same forms as --model).", required=True, flag="--draft", selects=True),),
+    build=lambda p, k, load: DraftModel(load(p["draft"]), k=SPEC_DEFAULT_K if k is None else k),
+    describe=lambda p, target: f"{p['draft']} -> {target}",
+    default_k=SPEC_DEFAULT_K, model_params=("draft",),
+)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -11,8 +12,12 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from verispec.drafters.self_speculative import SelfDrafter
+from verispec.drafters.base import DraftContext
+from verispec.drafters.registry import DrafterSpec, Param
+from verispec.drafters.self_speculative import DEFAULT_K, SelfDrafter
 from verispec.errors import VerispecError
+from verispec.models.protocol import LayeredModel
+from verispec.validation import number, positive_int
 from verispec.kernels import Linear
 from verispec.paths import cache_dir
 
@@ -72,15 +77,15 @@ class LowRank(SelfDrafter):
 
     method = "low-rank"
 
-    def __init__(self, rank: int | None = None, energy: float | None = None, k: int = 4,
+    def __init__(self, rank: int | None = None, energy: float | None = None, k: int | None = None,
                  targets: Sequence[str] = ("attention", "mlp"), lm_head: bool = False) -> None:
-        super().__init__(k)
+        super().__init__(DEFAULT_K if k is None else k)
         if (rank is None) == (energy is None):
             raise VerispecError("LowRank takes exactly one of rank= or energy=")
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
-            raise VerispecError(f"rank must be an integer >= 1, got {rank!r}")
-        if energy is not None and not 0 < energy < 1:
-            raise VerispecError(f"energy must be in (0, 1), got {energy!r}")
+        if rank is not None:
+            positive_int(rank, "rank")
+        if energy is not None:
+            number(energy, "energy", 0, 1, low_open=True, high_open=True)
         names: list[str] = []
         for t in targets:
             if t not in GROUPS and t not in MATRICES:
@@ -96,9 +101,12 @@ class LowRank(SelfDrafter):
                 "matrices": list(self.matrices) + (["lm_head"] if self.lm_head else []),
                 "mean_rank": round(self.mean_rank, 1), "factor_megabytes": round(self.factor_bytes / 1e6, 2)}
 
-    def check(self, model: Any) -> None:
-        if getattr(self, "_model", None) is model:
-            return
+    def start(self, context: DraftContext) -> None:
+        super().start(context)
+        plan = self.plan_for(context.target)
+        self.mean_rank, self.factor_bytes = plan.mean_rank, plan.factor_bytes  # of the target now running
+
+    def check(self, model: LayeredModel) -> "_LowRankPlan":
         factors = self._load_or_compute(model)
         dtype = model.dtype
         projections, ranks, nbytes = [], [], 0
@@ -114,23 +122,22 @@ class LowRank(SelfDrafter):
                 ranks.append(b.shape[0])
                 nbytes += (a.numel() + b.numel()) * a.element_size()
             projections.append(_LayerProjections(**products))
-        self.head = None
+        head = None
         if self.lm_head:
             a, b = factors["head.a"].to(dtype), factors["head.b"].to(dtype)
-            self.head = LowRankLinear(a, b, None)
+            head = LowRankLinear(a, b, None)
             ranks.append(b.shape[0])
             nbytes += (a.numel() + b.numel()) * a.element_size()
-        self.projections, self.factor_bytes = projections, nbytes
-        self.mean_rank = sum(ranks) / len(ranks) if ranks else 0.0
-        self._model = model
-        log.info("low-rank draft: mean rank %.0f, factors %.1f MB", self.mean_rank, nbytes / 1e6)
+        plan = _LowRankPlan(projections, head, sum(ranks) / len(ranks) if ranks else 0.0, nbytes)
+        log.info("low-rank draft: mean rank %.0f, factors %.1f MB", plan.mean_rank, nbytes / 1e6)
+        return plan
 
     def _cache_path(self, model: Any) -> Path:
-        key = json.dumps({"model": str(getattr(model, "folder", model.name)), "rank": self.rank,
+        key = json.dumps({"model": str(model.folder or model.name), "rank": self.rank,
                           "energy": self.energy, "matrices": self.matrices, "head": self.lm_head,
                           "shape": [model.config.num_layers, model.config.hidden_size]})
         name = f"lowrank-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
-        folder = getattr(model, "folder", None)
+        folder = model.folder
         if folder is not None and Path(folder).is_relative_to(cache_dir()):
             return Path(folder) / "lowrank" / name  # beside the converted weights
         return cache_dir() / "lowrank" / name
@@ -138,7 +145,7 @@ class LowRank(SelfDrafter):
     def _load_or_compute(self, model: Any) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file, save_file
 
-        path = self._cache_path(model) if getattr(model, "folder", None) else None
+        path = self._cache_path(model) if model.folder else None
         if path is not None and path.exists():
             return load_file(str(path))
         log.info("computing truncated SVDs for the low-rank draft (once%s)", f"; cached in {path}" if path else "")
@@ -156,7 +163,34 @@ class LowRank(SelfDrafter):
             tmp.replace(path)
         return factors
 
-    def draft_logits(self, model: Any, cache: Any, token: int, position: int) -> torch.Tensor:
+    def draft_logits(self, model: Any, cache: Any, token: int, position: int, plan: "_LowRankPlan") -> torch.Tensor:
         hidden = model.run_layers(model.embed_tokens(torch.tensor([token])), cache, position, model.all_layers,
-                                  projections=self.projections)
-        return model.logits(hidden, head=self.head)[-1]
+                                  projections=plan.projections)
+        return model.logits(hidden, head=plan.head)[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class _LowRankPlan:
+    projections: list[_LayerProjections]  # per layer: original or factored products
+    head: LowRankLinear | None
+    mean_rank: float
+    factor_bytes: int
+
+
+def _describe(p: dict[str, Any], target: str) -> str:
+    size = f"rank {p['rank']}" if "rank" in p else f"{p['energy']:.0%} energy"
+    return f"{target} with {size} factors of {'+'.join(p.get('targets', ('attention', 'mlp')))}"
+
+
+SPEC = DrafterSpec(
+    name="low-rank", summary="the target with chosen matrices replaced by truncated-SVD factors",
+    params=(
+        Param("rank", "int", "Self-speculative: low-rank draft of this rank.", flag="--low-rank-rank", selects=True),
+        Param("energy", "float", "Self-speculative: low-rank draft keeping this fraction of spectral energy per matrix.",
+              flag="--low-rank-energy", selects=True, bounds=(0.0, 1.0)),
+        Param("targets", "strs", "Matrices the low-rank draft factors: attention, mlp, qkv, o, gate_up, down.",
+              default="attention,mlp", flag="--low-rank-targets"),
+    ),
+    build=lambda p, k, load: LowRank(**p, k=k),
+    describe=_describe,
+)

@@ -6,11 +6,15 @@ from typing import Any
 
 import torch
 
-from verispec.drafters.base import DraftContext, Proposal, validate_k
-from verispec.errors import VerispecError
+from verispec.drafters.base import DraftContext, DrafterBase, Proposal
+from verispec.drafters.registry import DrafterSpec, Param
+from verispec.validation import positive_int
 
 
-class PromptLookup:
+DEFAULT_K = 5
+
+
+class PromptLookup(DrafterBase):
     """A deterministic draft from the prompt and output so far (transformers' prompt lookup, vLLM's ngram).
 
     Tries n-gram sizes from ``ngram`` down to 1 and takes the latest earlier match. It has no draft
@@ -18,22 +22,17 @@ class PromptLookup:
     with probability p(x)); the output distribution stays the target's.
     """
 
-    def __init__(self, ngram: int = 3, k: int = 5) -> None:
-        if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
-            raise VerispecError(f"ngram must be an integer >= 1, got {ngram!r}")
-        self.ngram, self.k = ngram, validate_k(k)
+    method = "prompt-lookup"
+
+    def __init__(self, ngram: int = 3, k: int = DEFAULT_K) -> None:
+        super().__init__(k)
+        self.ngram = positive_int(ngram, "ngram")
 
     def settings(self) -> dict[str, Any]:
-        return {"method": "prompt-lookup", "ngram": self.ngram, "k": self.k}
-
-    def start(self, context: DraftContext) -> None:
-        pass
+        return {"method": self.method, "ngram": self.ngram, "k": self.k}
 
     def propose(self, context: DraftContext, k: int) -> Proposal:
         return Proposal(torch.tensor(lookup(context.tokens, self.ngram, k), dtype=torch.long), None)
-
-    def accepted(self, num_accepted: int) -> None:
-        pass  # stateless
 
 
 def lookup(tokens: list[int], ngram: int, k: int) -> list[int]:
@@ -44,3 +43,13 @@ def lookup(tokens: list[int], ngram: int, k: int) -> list[int]:
             if tokens[start:start + n] == suffix:
                 return tokens[start + n:start + n + k]
     return []
+
+
+SPEC = DrafterSpec(
+    name="prompt-lookup", summary="copies what followed the latest earlier match of the last n tokens",
+    params=(Param("ngram", "int", "Draft by prompt lookup with this n-gram size.", default=3,
+                  flag="--prompt-lookup", selects=True),),
+    build=lambda p, k, load: PromptLookup(**p, k=DEFAULT_K if k is None else k),
+    describe=lambda p, target: f"{target} with prompt lookup (n-gram {p.get('ngram', 3)})",
+    default_k=DEFAULT_K,
+)

@@ -9,42 +9,55 @@ always holds full-model KV.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
 
-from verispec.drafters.base import DraftContext, Proposal, draft_token, validate_k
+from verispec.drafters.base import DraftContext, DrafterBase, Proposal, draft_token
+from verispec.drafters.registry import DrafterSpec, Param, read_tuned
 from verispec.errors import VerispecError
+from verispec.models.protocol import LayeredModel
 from verispec.models.transformer import LayerStep
-
+from verispec.validation import positive_int
 
 DEFAULT_K = 4
 
 
-def require_native(model: Any, method: str) -> None:
-    if not hasattr(model, "run_layers"):
+def require_native(model: Any, method: str) -> LayeredModel:
+    if not isinstance(model, LayeredModel):
         raise VerispecError(f"{method} drafts from the target's own layers and needs the native backend "
                             "(backend='native'); the hf backend cannot run part of a model")
+    return model
 
 
-class SelfDrafter:
-    """Shared autoregressive loop: subclasses say how one cheap pass turns a token into logits."""
+class SelfDrafter(DrafterBase):
+    """Shared autoregressive loop: subclasses say how one cheap pass turns a token into logits.
+
+    What a drafter derives from the target (layer plans, factors) is kept per target, so one drafter
+    object can serve several targets, even interleaved.
+    """
 
     method = "self"
 
     def __init__(self, k: int) -> None:
-        self.k = validate_k(k)
+        super().__init__(k)
+        self._plans: dict[int, tuple[Any, Any]] = {}  # id(target) -> (target, its plan)
 
     def start(self, context: DraftContext) -> None:
-        require_native(context.target, self.method)
-        self.check(context.target)
+        self.plan_for(require_native(context.target, self.method))
 
-    def check(self, model: Any) -> None:
-        """Validate the drafter's parameters against the model."""
+    def plan_for(self, model: LayeredModel) -> Any:
+        """What ``check`` derived for this target, computed once per target."""
+        entry = self._plans.get(id(model))
+        if entry is None or entry[0] is not model:  # the entry holds the target, so its id stays unique
+            entry = self._plans[id(model)] = (model, self.check(model))
+        return entry[1]
 
-    def draft_logits(self, model: Any, cache: Any, token: int, position: int) -> torch.Tensor:
+    def check(self, model: LayeredModel) -> Any:
+        """Validate the drafter's parameters against the model; return the plan its passes need."""
+
+    def draft_logits(self, model: Any, cache: Any, token: int, position: int, plan: Any) -> torch.Tensor:
         """Logits [vocab] of the cheap pass over ``token`` at ``position``."""
         raise NotImplementedError
 
@@ -54,23 +67,17 @@ class SelfDrafter:
     def propose(self, context: DraftContext, k: int) -> Proposal:
         self.begin_proposal()
         model, cache, sampling = context.target, context.cache, context.sampling
+        plan = self.plan_for(model)
         token, position = context.tokens[-1], len(context.tokens) - 1
         tokens, probs = [], []
         with torch.inference_mode():
             for i in range(k):
-                logits = self.draft_logits(model, cache, token, position + i)
+                logits = self.draft_logits(model, cache, token, position + i, plan)
                 token, q = draft_token(logits, sampling, context.generator)
                 if q is not None:
                     probs.append(q)
                 tokens.append(token)
-        return Proposal(torch.tensor(tokens), torch.stack(probs) if probs else None, draft_calls=k,
-                        reuse=self.reuse_state())
-
-    def reuse_state(self) -> Any:
-        return None
-
-    def accepted(self, num_accepted: int) -> None:
-        pass  # the shared cache is rolled back by the decoder
+        return Proposal(torch.tensor(tokens), torch.stack(probs) if probs else None, draft_calls=k)
 
 
 # ------------------------------------------------------------------------------------------ layer skip
@@ -95,7 +102,7 @@ class LayerSkip(SelfDrafter):
     def __init__(self, skip: Sequence[int] | str | Path = (), k: int | None = None,
                  skip_attention: Sequence[int] = (), skip_mlp: Sequence[int] = ()) -> None:
         if isinstance(skip, (str, Path)):  # an explicit k wins over the file's
-            spec = load_tuned(skip, self.method)
+            spec = read_tuned(skip, self.method)
             skip, skip_attention, skip_mlp = spec.get("skip", ()), spec.get("skip_attention", ()), spec.get("skip_mlp", ())
             k = spec.get("k") if k is None else k
         super().__init__(DEFAULT_K if k is None else k)
@@ -109,16 +116,17 @@ class LayerSkip(SelfDrafter):
         return {"method": self.method, "k": self.k, "skip": list(self.skip),
                 "skip_attention": list(self.skip_attention), "skip_mlp": list(self.skip_mlp)}
 
-    def check(self, model: Any) -> None:
+    def check(self, model: LayeredModel) -> list[LayerStep]:
         n = model.config.num_layers
         for name in ("skip", "skip_attention", "skip_mlp"):
             _indices(getattr(self, name), n, name)
-        self.steps = draft_steps(n, self.skip, self.skip_attention, self.skip_mlp)
-        if not self.steps:
+        steps = draft_steps(n, self.skip, self.skip_attention, self.skip_mlp)
+        if not steps:
             raise VerispecError("LayerSkip would skip every layer")
+        return steps
 
-    def draft_logits(self, model: Any, cache: Any, token: int, position: int) -> torch.Tensor:
-        hidden = model.run_layers(model.embed_tokens(torch.tensor([token])), cache, position, self.steps)
+    def draft_logits(self, model: Any, cache: Any, token: int, position: int, plan: list[LayerStep]) -> torch.Tensor:
+        hidden = model.run_layers(model.embed_tokens(torch.tensor([token])), cache, position, plan)
         return model.logits(hidden)[-1]
 
 
@@ -127,17 +135,6 @@ def draft_steps(num_layers: int, skip: Iterable[int], skip_attention: Iterable[i
     skip, attn, mlp = set(skip), set(skip_attention), set(skip_mlp)
     steps = [LayerStep(i, attention=i not in attn, mlp=i not in mlp) for i in range(num_layers) if i not in skip]
     return [s for s in steps if s.attention or s.mlp]
-
-
-def load_tuned(path: str | Path, method: str) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        spec = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise VerispecError(f"cannot read the {method} settings file {path}: {exc}") from None
-    if spec.get("method") != method:
-        raise VerispecError(f"{path} holds settings for '{spec.get('method')}', not '{method}'")
-    return spec
 
 
 # ------------------------------------------------------------------------------------------ early exit
@@ -155,44 +152,70 @@ class EarlyExit(SelfDrafter):
 
     def __init__(self, layer: int | str | Path, k: int | None = None) -> None:
         if isinstance(layer, (str, Path)):  # an explicit k wins over the file's
-            spec = load_tuned(layer, self.method)
+            spec = read_tuned(layer, self.method)
             layer, k = spec.get("layer"), spec.get("k") if k is None else k
-        k = DEFAULT_K if k is None else k
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 1:
-            raise VerispecError(f"early-exit layer must be an integer >= 1, got {layer!r}")
-        super().__init__(k)
-        self.layer = layer
+        super().__init__(DEFAULT_K if k is None else k)
+        self.layer = positive_int(layer, "early-exit layer")
         self.saved: list[torch.Tensor] = []
 
     def settings(self) -> dict[str, Any]:
         return {"method": self.method, "k": self.k, "exit_layer": self.layer}
 
-    def check(self, model: Any) -> None:
+    def check(self, model: LayeredModel) -> tuple[list[LayerStep], list[LayerStep]]:
         n = model.config.num_layers
         if self.layer >= n:
             raise VerispecError(f"exit layer {self.layer} must be below the model's {n} layers")
-        self.first = [LayerStep(i) for i in range(self.layer)]
-        self.rest = [LayerStep(i) for i in range(self.layer, n)]
+        return [LayerStep(i) for i in range(self.layer)], [LayerStep(i) for i in range(self.layer, n)]
 
     def begin_proposal(self) -> None:
         self.saved = []
 
-    def draft_logits(self, model: Any, cache: Any, token: int, position: int) -> torch.Tensor:
-        hidden = model.run_layers(model.embed_tokens(torch.tensor([token])), cache, position, self.first)
+    def draft_logits(self, model: Any, cache: Any, token: int, position: int, plan: Any) -> torch.Tensor:
+        first, _ = plan
+        hidden = model.run_layers(model.embed_tokens(torch.tensor([token])), cache, position, first)
         self.saved.append(hidden)  # [1, 1, hidden] at layer E
         return model.logits(hidden)[-1]
 
-    def reuse_state(self) -> Any:
-        return self.saved
-
-    def verify_logits(self, context: DraftContext, inputs: torch.Tensor, proposal: Proposal) -> torch.Tensor:
+    def target_logits(self, context: DraftContext, inputs: torch.Tensor) -> torch.Tensor:
         """Target logits [K+1, vocab] for ``inputs`` at positions n-1.. using the saved layer-E states."""
         model, cache = context.target, context.cache
+        first, rest = self.plan_for(model)
         start = len(context.tokens) - 1
-        last = start + inputs.numel() - 1
+        drafted = inputs.numel() - 1  # positions the draft ran through layers < E (all but the last candidate)
+        if drafted == 0 or len(self.saved) < drafted:  # nothing of this proposal to reuse
+            return model.forward(inputs, cache, start)
         with torch.inference_mode():
-            tail = model.run_layers(model.embed_tokens(inputs[-1:]), cache, last, self.first)  # [1, 1, hidden]
-            hidden = torch.cat(self.saved[: inputs.numel() - 1] + [tail], dim=1)  # [1, K+1, hidden]
-            hidden = model.run_layers(hidden, cache, start, self.rest)
-            cache.length = last + 1
-            return model.logits(hidden)
+            tail = model.run_layers(model.embed_tokens(inputs[-1:]), cache, start + drafted, first)  # [1, 1, hidden]
+            hidden = torch.cat(self.saved[:drafted] + [tail], dim=1)  # [1, K+1, hidden] at layer E
+            return model.forward_hidden(hidden, cache, start, rest)  # [K+1, vocab]
+
+
+def _describe_skip(p: dict[str, Any], target: str) -> str:
+    skip = p.get("skip", [])
+    if isinstance(skip, str):
+        return f"{target} skipping the sub-blocks {Path(skip).name} names"
+    parts = [f"layers {skip}" if skip else "", f"attention of {p['skip_attention']}" if p.get("skip_attention") else "",
+             f"MLP of {p['skip_mlp']}" if p.get("skip_mlp") else ""]
+    return f"{target} skipping " + ", ".join(x for x in parts if x)
+
+
+LAYER_SKIP = DrafterSpec(
+    name="layer-skip", summary="the target with whole layers, or their attention / MLP sub-blocks, omitted",
+    params=(
+        Param("skip", "ints|file", "Self-speculative: skip layers in the draft pass (JSON from `verispec tune "
+              "layer-skip`, or 3,5,7).", flag="--layer-skip", selects=True),
+        Param("skip_attention", "ints", "Layers whose attention sub-block the draft skips."),
+        Param("skip_mlp", "ints", "Layers whose MLP sub-block the draft skips."),
+    ),
+    build=lambda p, k, load: LayerSkip(p.get("skip", ()), k=k, skip_attention=p.get("skip_attention", ()),
+                                       skip_mlp=p.get("skip_mlp", ())),
+    describe=_describe_skip,
+)
+
+EARLY_EXIT = DrafterSpec(
+    name="early-exit", summary="the target's first E layers, then its norm and head; verification reuses them",
+    params=(Param("layer", "int|file", "Self-speculative: draft with the first E layers (E, or JSON from "
+                  "`verispec tune early-exit`).", required=True, flag="--early-exit", selects=True),),
+    build=lambda p, k, load: EarlyExit(p["layer"], k=k),
+    describe=lambda p, target: f"{target} exiting at layer {p['layer']}",
+)

@@ -43,8 +43,10 @@ class HFModel:
         # transformers 5 renamed `past_key_values` to `cache`; decide once, not in the hot path.
         params = inspect.signature(network.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"
-        self.tokenizer: Any = None
-        self.name = ""
+        # Declared by the model protocol; ``load_model`` fills them in.
+        self.tokenizer: Any | None = None
+        self.name: str = ""
+        self.folder: Path | None = None
 
     @classmethod
     def from_folder(cls, folder: Path, dtype: torch.dtype) -> "HFModel":

@@ -14,6 +14,7 @@ from verispec.errors import VerispecError
 from verispec.models import catalogue
 from verispec.models.config import ModelConfig
 from verispec.models.gguf_convert import converted_folder
+from verispec.models.protocol import DecoderModel
 from verispec.models.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def load_tokenizer(folder: Path) -> Any | None:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def load_model(source: str | Path, dtype: str | torch.dtype = "float32", backend: str = "native") -> Any:
+def load_model(source: str | Path, dtype: str | torch.dtype = "float32", backend: str = "native") -> DecoderModel:
     """Load a causal LM for decoding.
 
     ``source``: a local Hugging Face folder, a ``.gguf`` file (dequantized once and cached), a hub id
@@ -93,9 +94,9 @@ def load_model(source: str | Path, dtype: str | torch.dtype = "float32", backend
         model = HFModel.from_folder(folder, torch_dtype)
     else:
         model = load_native(folder, torch_dtype)
-    model.tokenizer = tokenizer
-    model.name = str(source)
-    model.folder = folder  # where derived data (low-rank factors) can be cached
+    # The attributes every ``DecoderModel`` declares: what it is called, its tokenizer, and its folder
+    # (where derived data such as low-rank factors is cached).
+    model.tokenizer, model.name, model.folder = tokenizer, str(source), folder
     return model
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable, Protocol, Sequence
+from pathlib import Path
+from typing import Any, Iterable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +135,10 @@ class Transformer(nn.Module):
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
+        # Declared by the model protocol; ``load_model`` fills them in.
+        self.tokenizer: Any | None = None
+        self.name: str = config.name
+        self.folder: Path | None = None
         self._rope_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
@@ -209,18 +214,26 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: KVCache, start: int, last_only: bool = False) -> torch.Tensor:
-        """Full pass over tokens at positions [start, start+T): fp32 logits [T, vocab] ([1, vocab] if last_only).
+        """Full pass over tokens at positions [start, start+T): fp32 logits [T, vocab] ([1, vocab] if last_only)."""
+        return self.forward_hidden(self.embed_tokens(input_ids), cache, start, self.all_layers, last_only)
 
-        Long inputs with bf16 weights go through in chunks of ``kernels.MAX_ROWS`` tokens: on CPUs
-        without native bf16 the compiled few-row kernel beats torch's bf16 matmul several times over.
+    @torch.inference_mode()
+    def forward_hidden(self, hidden: torch.Tensor, cache: KVCache, start: int, steps: Sequence[LayerStep],
+                       last_only: bool = False) -> torch.Tensor:
+        """``steps`` then the head over hidden states [1, T, hidden] at [start, start+T): fp32 logits
+        [T, vocab] ([1, vocab] if last_only); the cache then holds [0, start+T).
+
+        With bf16 weights, more rows than ``kernels.MAX_ROWS`` go through in chunks of that many: the
+        compiled few-row kernel beats torch's bf16 matmul on CPUs without native bf16, and a row's
+        result must not depend on how many rows share its pass (greedy speculative output equals
+        plain output). Each chunk attends to the ones before it through the cache.
         """
-        T = input_ids.numel()
+        T = hidden.shape[1]
         chunk = kernels.MAX_ROWS if self.dtype is torch.bfloat16 and kernels.available() else T
         outputs = []
         for begin in range(0, T, chunk):
-            ids = input_ids.view(-1)[begin:begin + chunk]
-            hidden = self.run_layers(self.embed_tokens(ids), cache, start + begin, self.all_layers)
+            part = self.run_layers(hidden[:, begin:begin + chunk], cache, start + begin, steps)
             if not last_only or begin + chunk >= T:
-                outputs.append(self.logits(hidden[:, -1:] if last_only else hidden))
+                outputs.append(self.logits(part[:, -1:] if last_only else part))
         cache.length = start + T
         return torch.cat(outputs) if len(outputs) > 1 else outputs[0]

@@ -24,8 +24,10 @@ from typing import Any, Callable, Iterable
 import torch
 
 from verispec.decoding import encode_prompt, generate
-from verispec.drafters.self_speculative import EarlyExit, LayerSkip, draft_steps, require_native
+from verispec.drafters.registry import make_choice
+from verispec.drafters.self_speculative import draft_steps, require_native
 from verispec.errors import VerispecError
+from verispec.models.protocol import LayeredModel
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +45,14 @@ class Calibration:
     starts: list[int]  # where the continuation begins in each
     target_choices: list[torch.Tensor]  # the full model's argmax at each continuation position
     verify_cost: dict[int, float]  # K -> time(verify K+1 tokens) / time(one decode step)
+    full_pass_seconds: float  # one single-token pass through every layer and the head
+
+    def draft_cost(self, model: LayeredModel, steps: list) -> float:
+        """Measured time of a draft pass over that of a full pass (bytes alone miss per-layer overhead)."""
+        return _pass_seconds(model, steps) / self.full_pass_seconds
 
 
-def calibrate(model: Any, prompts: list[str], new_tokens: int, ks: Iterable[int]) -> Calibration:
+def calibrate(model: LayeredModel, prompts: list[str], new_tokens: int, ks: Iterable[int]) -> Calibration:
     require_native(model, "tuning")
     sequences, starts, choices = [], [], []
     for prompt in prompts:
@@ -56,10 +63,11 @@ def calibrate(model: Any, prompts: list[str], new_tokens: int, ks: Iterable[int]
         sequences.append(seq)
         starts.append(len(ids) - 1)  # the logits at len(ids)-1 predict the first continuation token
         choices.append(logits[len(ids) - 1: -1].argmax(-1))
-    return Calibration(sequences, starts, choices, {k: measure_verify_cost(model, k) for k in ks})
+    return Calibration(sequences, starts, choices, {k: measure_verify_cost(model, k) for k in ks},
+                       _pass_seconds(model, model.all_layers))
 
 
-def measure_verify_cost(model: Any, k: int, repeats: int = 5) -> float:
+def measure_verify_cost(model: LayeredModel, k: int, repeats: int = 5) -> float:
     """Median time of one target pass over K+1 tokens over that of one token, on a 128-token cache."""
     cache = model.new_cache(128 + k + 1)
     model.forward(torch.arange(128) % model.config.vocab_size, cache, 0)
@@ -74,7 +82,7 @@ def measure_verify_cost(model: Any, k: int, repeats: int = 5) -> float:
     return times[k + 1] / times[1]
 
 
-def _pass_seconds(model: Any, steps: list, repeats: int = 5) -> float:
+def _pass_seconds(model: LayeredModel, steps: list, repeats: int = 5) -> float:
     """Median time of one single-token pass through ``steps`` and the LM head, on a 64-token cache."""
     cache = model.new_cache(65)
     model.forward(torch.arange(64) % model.config.vocab_size, cache, 0)
@@ -87,18 +95,7 @@ def _pass_seconds(model: Any, steps: list, repeats: int = 5) -> float:
     return statistics.median(samples[1:])
 
 
-def draft_cost(model: Any, steps: list) -> float:
-    """Measured time of a draft pass over that of a full pass (bytes alone miss per-layer overhead)."""
-    full = _FULL_PASS.get(id(model))
-    if full is None:
-        full = _FULL_PASS[id(model)] = _pass_seconds(model, model.all_layers)
-    return _pass_seconds(model, steps) / full
-
-
-_FULL_PASS: dict[int, float] = {}
-
-
-def match_rate(model: Any, calibration: Calibration, steps: list) -> float:
+def match_rate(model: LayeredModel, calibration: Calibration, steps: list) -> float:
     """Greedy acceptance proxy: how often the draft pass's argmax equals the full model's."""
     hits = total = 0
     with torch.inference_mode():
@@ -120,7 +117,7 @@ def best_k(alpha: float, cost: float, calibration: Calibration) -> tuple[int, fl
                key=lambda kv: kv[1])
 
 
-def tune_layer_skip(model: Any, calibration: Calibration, progress: Callable[[str], None] = log.info,
+def tune_layer_skip(model: LayeredModel, calibration: Calibration, progress: Callable[[str], None] = log.info,
                     max_skipped: int | None = None) -> dict[str, Any]:
     """Rank sub-blocks by how little skipping each alone hurts, then try skipping the m least important.
 
@@ -142,7 +139,7 @@ def tune_layer_skip(model: Any, calibration: Calibration, progress: Callable[[st
         steps = _steps_from_units(n, chosen)
         if not steps:
             break
-        alpha, cost = match_rate(model, calibration, steps), draft_cost(model, steps)
+        alpha, cost = match_rate(model, calibration, steps), calibration.draft_cost(model, steps)
         k, speedup = best_k(alpha, cost, calibration)
         if best is None or speedup > best["speedup"]:
             best = {"units": chosen, "alpha": alpha, "cost": cost, "k": k, "speedup": speedup}
@@ -166,7 +163,7 @@ def _steps_from_units(n: int, units: set[tuple[int, str]]) -> list:
     return draft_steps(n, attention & mlp, attention, mlp)
 
 
-def tune_early_exit(model: Any, calibration: Calibration, progress: Callable[[str], None] = log.info) -> dict[str, Any]:
+def tune_early_exit(model: LayeredModel, calibration: Calibration, progress: Callable[[str], None] = log.info) -> dict[str, Any]:
     """Score every exit layer from one pass per calibration sequence."""
     n = model.config.num_layers
     hits = [0] * n
@@ -182,7 +179,7 @@ def tune_early_exit(model: Any, calibration: Calibration, progress: Callable[[st
     scored = []
     for layer in range(1, n):
         alpha = hits[layer] / total
-        cost = draft_cost(model, draft_steps(n, range(layer, n)))
+        cost = calibration.draft_cost(model, draft_steps(n, range(layer, n)))
         k, speedup = best_k(alpha, cost, calibration)
         scored.append({"layer": layer, "alpha": alpha, "cost": cost, "k": k, "speedup": speedup})
         progress(f"exit at layer {layer}: alpha {alpha:.2f}, draft cost {cost:.2f}, K={k}, "
@@ -195,7 +192,7 @@ def tune_early_exit(model: Any, calibration: Calibration, progress: Callable[[st
             "all_layers": scored}
 
 
-def measure_speedup(model: Any, drafter: Any, prompts: list[str], new_tokens: int) -> dict[str, float]:
+def measure_speedup(model: LayeredModel, drafter: Any, prompts: list[str], new_tokens: int) -> dict[str, float]:
     """Real greedy runs, plain and speculative alternating per prompt: median speedup and acceptance."""
     ratios, accepted, drafted = [], 0, 0
     for prompt in prompts:
@@ -208,7 +205,7 @@ def measure_speedup(model: Any, drafter: Any, prompts: list[str], new_tokens: in
     return {"speedup": statistics.median(ratios), "acceptance": accepted / drafted if drafted else 0.0}
 
 
-def tune(method: str, model: Any, prompts: list[str] | None = None, new_tokens: int = 32,
+def tune(method: str, model: LayeredModel, prompts: list[str] | None = None, new_tokens: int = 32,
          ks: Iterable[int] = (1, 2, 3, 4, 6, 8), progress: Callable[[str], None] = log.info,
          max_skipped: int | None = None) -> dict[str, Any]:
     prompts = prompts or CALIBRATION_PROMPTS[:2]
@@ -218,15 +215,16 @@ def tune(method: str, model: Any, prompts: list[str] | None = None, new_tokens: 
              ", ".join(f"K={k}: {v:.2f}" for k, v in calibration.verify_cost.items()))
     if method == "layer-skip":
         spec = tune_layer_skip(model, calibration, progress, max_skipped)
-        drafter = LayerSkip(spec["skip"], k=spec["k"], skip_attention=spec["skip_attention"], skip_mlp=spec["skip_mlp"])
+        choice = make_choice(method, {key: spec[key] for key in ("skip", "skip_attention", "skip_mlp")}, spec["k"])
     elif method == "early-exit":
         spec = tune_early_exit(model, calibration, progress)
-        drafter = EarlyExit(spec["layer"], k=spec["k"])
+        choice = make_choice(method, {"layer": spec["layer"]}, spec["k"])
     else:
         raise VerispecError(f"unknown tuning method '{method}'; use layer-skip or early-exit")
+    drafter = choice.build()
     progress("timing the chosen setting against plain decoding")
     spec["measured"] = measure_speedup(model, drafter, prompts, new_tokens)
-    spec["model"] = getattr(model, "name", "")
+    spec["model"] = model.name
     spec["dtype"] = str(model.dtype).removeprefix("torch.")
     spec["search"] = __doc__.split("\n\n")[1].replace("\n", " ")
     progress(f"chosen: {drafter.settings()}; measured speedup {spec['measured']['speedup']:.2f}x, "

@@ -1,4 +1,7 @@
-"""Tiny native models for the exactness tests (no transformers, no files)."""
+"""Tiny models for exactness tests and the lossiness report (no transformers, no files).
+
+Used by the test suite and by ``benchmarks/lossiness.py``; small enough to enumerate output laws.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +28,6 @@ def tiny_model(vocab: int = 6, seed: int = 0, layers: int = 2, hidden: int = 16,
             param.normal_(0, 1.0 / hidden ** 0.5)
         model.lm_head.weight.mul_(sharpness)
         model.embed.weight.mul_(hidden ** 0.5)
-    model.tokenizer = None
     model.name = f"tiny-{seed}"
     return model.eval().requires_grad_(False)
 
@@ -74,6 +76,7 @@ class TableModel:
         self.seed, self.sharpness = seed, sharpness
         self.tokenizer = None
         self.name = f"table-{seed}"
+        self.folder = None
         self._memo: dict[tuple[int, ...], torch.Tensor] = {}
 
     def new_cache(self, capacity: int) -> TokenCache:
