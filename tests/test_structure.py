@@ -102,6 +102,8 @@ def test_flags_and_specs_build_the_same_drafter():
     assert from_flags == [parse_drafter("layer-skip:skip=3+5,k=2")] == [make_choice("layer-skip", {"skip": [3, 5]}, 2)]
     assert make_choice("draft-model", {"draft": "x"}).k == 5 == make_choice("prompt-lookup").k  # one default each
     assert make_choice("layer-skip", {"skip": [1]}).k == 4
+    for choice in (from_flags[0], make_choice("low-rank", {"energy": 0.5, "targets": "mlp"}, 3)):
+        assert parse_drafter(choice.as_text()) == choice  # the spec form round-trips
     for flags, message in (({"--prompt-lookup": "0"}, "'ngram' must be an integer >= 1"),
                            ({"--low-rank-rank": "0"}, "'rank' must be an integer >= 1"),
                            ({"--early-exit": "-1"}, "'layer' must be an integer >= 1"),

@@ -132,6 +132,8 @@ def generate(prompt: str, model: str, dtype: str, backend: str, threads: int | N
         raise VerispecError(f"choose one draft source, not {' and '.join(c.name for c in choices)}")
     if k is not None and not choices:
         raise VerispecError("-k sets the candidate length of a drafter: add one (--draft, --prompt-lookup, ...)")
+    if k is not None and flags["--drafter"]:
+        raise VerispecError("--drafter carries its own K (NAME:...,k=N); drop -k")
     parse_rule(acceptance)
     request = GenerateRequest(prompt=prompt, model=model, dtype=dtype, backend=backend, threads=threads,
                               sampling=SamplingConfig(temperature, top_k, top_p, seed), max_new_tokens=max_new_tokens,

@@ -124,7 +124,6 @@ class DrafterSpec:
     describe: Callable[[dict[str, Any], str], str]
     default_k: int = 4
     model_params: tuple[str, ...] = ()  # parameters that name a model to load
-    check: Callable[[dict[str, Any]], None] | None = None  # cross-parameter rules (exactly one of ...)
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -196,8 +195,6 @@ def make_choice(name: str, params: Mapping[str, Any] | None = None, k: Any = Non
     for p in spec.params:
         if p.required and p.name not in checked:
             raise VerispecError(f"{where}: '{p.name}' is required ({p.help})")
-    if spec.check is not None:
-        spec.check(checked)
     k_given = None if k is None else positive_int(_int(k, f"{where}: 'k'"), f"{where}: 'k' (candidate length)")
     if spec.model_params:
         return DrafterChoice(name, checked, k_given if k_given is not None else spec.default_k)

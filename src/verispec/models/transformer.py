@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from verispec import kernels
