@@ -1,8 +1,14 @@
-"""Whole-sequence distribution checks: exact law by enumeration vs. sampled sequences, chi-square."""
+"""Whole-sequence distribution checks: exact law by enumeration vs. sampled sequences, chi-square.
+
+Sequences are judged over the first ``LENGTH`` = 6 generated tokens: the loop clips K to the token
+budget, so a shorter window would run every test with K = 1 and never judge a later candidate, a
+re-proposal or a rollback. ``Exercise`` records what the runs really did, and tests assert it.
+"""
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 from typing import Any, Callable
 
@@ -13,7 +19,24 @@ import verispec
 from verispec.sampling import SamplingConfig, logits_to_probs
 
 PROMPT = [1, 2]
-LENGTH = 3  # generated tokens compared
+LENGTH = 6  # generated tokens compared: with vocabulary 3, 729 sequences
+
+
+@dataclasses.dataclass
+class Exercise:
+    """What the sampled runs exercised."""
+
+    runs: int = 0
+    deep_steps: int = 0  # runs with a step that accepted >= 2 candidates
+    multi_round: int = 0  # runs with >= 2 proposals
+    max_k: int = 0  # the most candidates one step judged
+
+    def add(self, stats: Any) -> None:
+        self.runs += 1
+        by_position = stats.accepted_by_position or []
+        self.deep_steps += len(by_position) > 1 and by_position[1] > 0
+        self.multi_round += bool(stats.drafted_by_position) and stats.drafted_by_position[0] >= 2
+        self.max_k = max(self.max_k, len(stats.drafted_by_position or []))
 
 
 def exact_distribution(model: Any, sampling: SamplingConfig, prompt=PROMPT, length=LENGTH) -> dict[tuple, float]:
@@ -42,14 +65,29 @@ def exact_distribution(model: Any, sampling: SamplingConfig, prompt=PROMPT, leng
 
 def sample_sequences(model: Any, make_drafter: Callable[[], Any] | None, sampling: SamplingConfig, n: int,
                      acceptance: Any = None, prompt=PROMPT, length=LENGTH) -> collections.Counter:
+    return sample_with_exercise(model, make_drafter, sampling, n, acceptance, prompt, length)[0]
+
+
+def sample_with_exercise(model: Any, make_drafter: Callable[[], Any] | None, sampling: SamplingConfig, n: int,
+                         acceptance: Any = None, prompt=PROMPT,
+                         length=LENGTH) -> tuple[collections.Counter, Exercise]:
     counts: collections.Counter = collections.Counter()
+    exercise = Exercise()
     drafter = make_drafter() if make_drafter else None
     for seed in range(n):
         config = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed=seed)
         result = verispec.generate(model, input_ids=prompt, max_new_tokens=length, sampling=config,
                                    drafter=drafter, acceptance=acceptance)
         counts[tuple(result.token_ids)] += 1
-    return counts
+        exercise.add(result.stats)
+    return counts, exercise
+
+
+def assert_exercised(exercise: Exercise, k: int) -> None:
+    """The runs judged K candidates in a step, accepted >= 2 in some step, and re-proposed (K >= 2)."""
+    assert exercise.max_k == min(k, LENGTH - 2), exercise
+    if k >= 2:
+        assert exercise.deep_steps > 0 and exercise.multi_round > 0, exercise
 
 
 def chi_square_pvalue(counts: collections.Counter, law: dict[tuple, float]) -> float:

@@ -9,10 +9,11 @@ from verispec.acceptance import ExactRule, LenientRule, TopKRule, TypicalRule, p
 from verispec.divergence import divergence_table, model_next_probs, speculative_law, target_law, total_variation
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig
-from tests.distribution import PROMPT, LENGTH, chi_square_pvalue, exact_distribution, sample_sequences
+from tests.distribution import PROMPT, chi_square_pvalue, exact_distribution, sample_sequences
 from verispec.testing import TableModel, perturbed, tiny_model
 
 ALPHA = 1e-3
+LENGTH = 3  # the approximate rules' laws are enumerated over 3 tokens (vocabularies 5 and 6)
 GRIDS = {  # each from tightest to loosest
     "lenient": [LenientRule(l) for l in (0.9, 0.7, 0.5, 0.3, 0.1)],
     "typical": [TypicalRule(e) for e in (0.5, 0.3, 0.2, 0.1, 0.05)],
@@ -56,17 +57,19 @@ def test_enumerated_law_is_the_law_generate_samples():
     p, q = model_next_probs(target, PROMPT, sampling), model_next_probs(draft, PROMPT, sampling)
     for rule in (LenientRule(0.4), TopKRule(2), TypicalRule(0.1)):
         law = speculative_law(p, q, rule, k=2, length=LENGTH)
-        counts = sample_sequences(target, lambda: verispec.DraftModel(draft, k=2), sampling, 12_000, acceptance=rule)
+        counts = sample_sequences(target, lambda: verispec.DraftModel(draft, k=2), sampling, 12_000, acceptance=rule,
+                                  length=LENGTH)
         assert chi_square_pvalue(counts, law) >= ALPHA, rule.label()
         if total_variation(law, target_law(p, LENGTH)) > 0.05:
-            assert chi_square_pvalue(counts, exact_distribution(target, sampling)) < ALPHA, rule.label()
+            assert chi_square_pvalue(counts, exact_distribution(target, sampling, length=LENGTH)) < ALPHA, rule.label()
 
 
 def test_lenient_one_passes_the_whole_sequence_chi_square():
     target, draft = _pair("table")
     sampling = SamplingConfig(1.0)
-    counts = sample_sequences(target, lambda: verispec.DraftModel(draft, k=2), sampling, 12_000, acceptance="lenient:1")
-    assert chi_square_pvalue(counts, exact_distribution(target, sampling)) >= ALPHA
+    counts = sample_sequences(target, lambda: verispec.DraftModel(draft, k=2), sampling, 12_000, acceptance="lenient:1",
+                              length=LENGTH)
+    assert chi_square_pvalue(counts, exact_distribution(target, sampling, length=LENGTH)) >= ALPHA
 
 
 def test_approximate_runs_are_marked_and_greedy_topk1_is_plain_greedy():

@@ -6,13 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import missing_setup
 from verispec import kernels
 
 
 @pytest.fixture(scope="module", autouse=True)
 def compiled():
     if not kernels.available():
-        pytest.skip("verispec's kernel is not available here (no AVX2, no compiler, or VERISPEC_KERNELS=0)")
+        missing_setup("verispec's kernel is not available here (no AVX2, no compiler, or VERISPEC_KERNELS=0)")
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 13, 16])

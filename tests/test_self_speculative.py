@@ -11,8 +11,8 @@ import verispec
 from verispec.drafters.base import DraftContext
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig
-from tests.distribution import chi_square_pvalue, exact_distribution, sample_sequences
-from tests.test_speculative import ALPHA, AlwaysAccept
+from tests.distribution import assert_exercised, chi_square_pvalue, exact_distribution, sample_sequences, sample_with_exercise
+from tests.test_speculative import ALPHA, ResidualFromTheWrongRow
 from verispec.testing import TableModel, tiny_model
 
 DRAFTERS = {
@@ -59,37 +59,46 @@ def test_early_exit_reuse_gives_full_pass_logits():
 
 
 def _tiny_target():
-    return tiny_model(vocab=4, seed=5, layers=3, hidden=16, sharpness=4.0)
+    return tiny_model(vocab=3, seed=5, layers=3, hidden=16, sharpness=1.0)
 
 
-SAMPLED = 5000
+SAMPLED = 2500
+# Every transformer drafter, K = 4, six tokens judged; between them temperature, top-k and top-p.
+# (tests/matrix.py runs the full product of drafters, temperatures, truncations and K.)
+CASES = {"layer-skip": SamplingConfig(1.0, top_p=0.7), "early-exit": SamplingConfig(0.8, top_k=2),
+         "low-rank": SamplingConfig(1.0), "draft-model top-k": SamplingConfig(0.8, top_k=2),
+         "draft-model top-p": SamplingConfig(1.0, top_p=0.7)}
 
 
-@pytest.mark.parametrize("name", ["layer-skip", "early-exit", "low-rank"])
-def test_self_drafters_preserve_target_distribution(name):
-    target = _tiny_target()
-    sampling = SamplingConfig(temperature=1.0)
-    law = exact_distribution(target, sampling)
-    counts = sample_sequences(target, lambda: DRAFTERS[name](2), sampling, SAMPLED)
-    pvalue = chi_square_pvalue(counts, law)
-    assert pvalue >= ALPHA, f"{name}: output departs from the target's law (p = {pvalue:.2e})"
+@pytest.mark.parametrize("case", list(CASES))
+def test_transformer_drafters_preserve_target_distribution(case):
+    target, sampling, name = _tiny_target(), CASES[case], case.split()[0]
+    draft = tiny_model(vocab=3, seed=6, layers=1, hidden=16, sharpness=1.0)
+    make = (lambda: verispec.DraftModel(draft, k=4)) if name == "draft-model" else (lambda: DRAFTERS[name](4))
+    counts, exercise = sample_with_exercise(target, make, sampling, SAMPLED)
+    assert_exercised(exercise, 4)
+    pvalue = chi_square_pvalue(counts, exact_distribution(target, sampling))
+    assert pvalue >= ALPHA, f"{case}: output departs from the target's law (p = {pvalue:.2e})"
 
 
 def test_prompt_lookup_preserves_target_distribution_under_sampling():
-    target = TableModel(vocab=5, seed=0)
-    sampling = SamplingConfig(temperature=0.8, top_k=4)
-    counts = sample_sequences(target, lambda: verispec.PromptLookup(ngram=1, k=3), sampling, 12_000,
-                              prompt=[1, 2, 1, 2, 1])
-    pvalue = chi_square_pvalue(counts, exact_distribution(target, sampling, prompt=[1, 2, 1, 2, 1]))
+    target = TableModel(vocab=3, seed=0)
+    sampling = SamplingConfig(temperature=0.8, top_k=2)
+    prompt = [1, 2, 1, 2, 1]
+    counts, exercise = sample_with_exercise(target, lambda: verispec.PromptLookup(ngram=1, k=4), sampling, 6_000,
+                                            prompt=prompt)
+    assert exercise.deep_steps > 0 and exercise.multi_round > 0
+    pvalue = chi_square_pvalue(counts, exact_distribution(target, sampling, prompt=prompt))
     assert pvalue >= ALPHA, f"prompt lookup departs from the target's law (p = {pvalue:.2e})"
 
 
 def test_negative_control_with_a_self_drafter_is_detected():
     target = _tiny_target()
     sampling = SamplingConfig(temperature=1.0)
-    counts = sample_sequences(target, lambda: DRAFTERS["layer-skip"](2), sampling, SAMPLED, acceptance=AlwaysAccept())
+    counts = sample_sequences(target, lambda: DRAFTERS["layer-skip"](4), sampling, SAMPLED,
+                              acceptance=ResidualFromTheWrongRow())
     pvalue = chi_square_pvalue(counts, exact_distribution(target, sampling))
-    assert pvalue < ALPHA, f"always-accept with a layer-skip draft went undetected (p = {pvalue:.3f})"
+    assert pvalue < ALPHA, f"a residual from the wrong row with a layer-skip draft went undetected (p = {pvalue:.3f})"
 
 
 def test_settings_files_round_trip(tmp_path):

@@ -6,15 +6,16 @@ import pytest
 import torch
 
 import verispec
-from verispec.acceptance import (ExactRule, Verdict, acceptance_probabilities, exact_verify,
+from verispec.acceptance import (ExactRule, Verdict, VerdictLaw, acceptance_probabilities, exact_verify,
                                  exact_verify_reference, residual_distribution)
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig, sample
-from tests.distribution import chi_square_pvalue, exact_distribution, sample_sequences
-from verispec.testing import TableModel, tiny_model
+from tests.distribution import (LENGTH, assert_exercised, chi_square_pvalue, exact_distribution, sample_sequences,
+                                sample_with_exercise)
+from verispec.testing import TableModel, TokenCache, tiny_model
 
 ALPHA = 1e-3
-N_SAMPLES = 12_000
+N_SAMPLES = 6_000
 
 
 def _random_dist(vocab: int, generator: torch.Generator, zeros: int = 0) -> torch.Tensor:
@@ -74,34 +75,43 @@ class PromptLookupStub(verispec.DrafterBase):
 
     def propose(self, context, k):
         last = context.tokens[-1]
-        return verispec.Proposal(torch.tensor([(last + i + 1) % 5 for i in range(k)]), None)
+        return verispec.Proposal(torch.tensor([(last + i + 1) % VOCAB for i in range(k)]), None)
 
 
+VOCAB = 3  # 729 sequences of LENGTH 6
 CASES = [  # (temperature, top_k, top_p, K, drafter)
     (1.0, 0, 1.0, 1, "model"),
     (1.0, 0, 1.0, 2, "model"),
     (1.0, 0, 1.0, 4, "model"),
-    (0.6, 0, 1.0, 2, "model"),
-    (1.5, 0, 1.0, 2, "model"),
-    (1.0, 3, 1.0, 2, "model"),
+    (0.6, 0, 1.0, 4, "model"),
+    (1.5, 0, 1.0, 4, "model"),
+    (1.0, 2, 1.0, 4, "model"),
     (1.0, 0, 0.7, 4, "model"),
-    (0.8, 0, 1.0, 2, "deterministic"),
+    (0.8, 0, 1.0, 4, "deterministic"),
+    (1.0, 0, 1.0, 4, "padded draft"),  # the draft has 2 more vocabulary rows than the target
+    (1.0, 0, 1.0, 4, "smaller draft"),  # the draft has 1 row fewer: fed stand-ins for what it lacks
 ]
 
 
+def _target() -> TableModel:
+    return TableModel(vocab=VOCAB, seed=0, sharpness=1.5)
+
+
 def _drafter_factory(kind: str, K: int):
-    if kind == "model":
-        draft = TableModel(vocab=5, seed=99, sharpness=1.5)
-        return lambda: verispec.DraftModel(draft, k=K)
-    return lambda: PromptLookupStub(K)
+    if kind == "deterministic":
+        return lambda: PromptLookupStub(K)
+    vocab = {"model": VOCAB, "padded draft": VOCAB + 2, "smaller draft": VOCAB - 1}[kind]
+    draft = TableModel(vocab=vocab, seed=99, sharpness=1.5)
+    return lambda: verispec.DraftModel(draft, k=K)
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p,K,kind", CASES)
 def test_speculative_sampling_preserves_target_distribution(temperature, top_k, top_p, K, kind):
-    target = TableModel(vocab=5, seed=0, sharpness=1.5)
+    target = _target()
     sampling = SamplingConfig(temperature, top_k, top_p)
     law = exact_distribution(target, sampling)
-    counts = sample_sequences(target, _drafter_factory(kind, K), sampling, N_SAMPLES)
+    counts, exercise = sample_with_exercise(target, _drafter_factory(kind, K), sampling, N_SAMPLES)
+    assert_exercised(exercise, K)
     pvalue = chi_square_pvalue(counts, law)
     assert pvalue >= ALPHA, f"speculative output departs from the target's law (p = {pvalue:.2e})"
 
@@ -123,19 +133,87 @@ class ResidualWithoutSubtraction(ExactRule):
         return Verdict(verdict.num_accepted, sample(target_probs[verdict.num_accepted], generator), False)
 
 
-@pytest.mark.parametrize("broken", [AlwaysAccept(), ResidualWithoutSubtraction()], ids=lambda r: type(r).__name__)
-def test_negative_controls_are_detected(broken):
-    target = TableModel(vocab=5, seed=0, sharpness=1.5)
+class ResidualFromTheWrongRow(ExactRule):
+    """Negative control, wrong only past the first candidate: a rejection at position i >= 1 samples the
+    residual of position i - 1's rows."""
+
+    def law(self, draft_tokens, draft_probs, target_probs):
+        law = super().law(draft_tokens, draft_probs, target_probs)
+        K = draft_tokens.numel()
+        wrong = lambda i: law.replacement(i - 1 if 1 <= i < K else i)
+        return VerdictLaw(law.accept, wrong)
+
+
+class SwitchesLawAfterTheFirst(verispec.DraftModel):
+    """Negative control, wrong only past the first candidate: reports the model's q for every candidate
+    but draws candidates 2.. uniformly."""
+
+    def propose(self, context, k):
+        proposal = super().propose(context, k)
+        tokens = proposal.tokens.clone()
+        if tokens.numel() > 1:
+            tokens[1:] = torch.randint(0, VOCAB, (tokens.numel() - 1,), generator=context.generator)
+        return verispec.Proposal(tokens, proposal.probs, proposal.draft_calls)
+
+
+class TrustingTable(TableModel):
+    """A table model whose cache appends at its own length (as transformers' DynamicCache does), so a
+    rollback that keeps a stale token changes the context it reads."""
+
+    def forward(self, input_ids, cache, start, last_only=False):
+        cache.verified_from = start
+        return super().forward(input_ids, cache, cache.length, last_only)
+
+
+class KeepsOneRejected(TokenCache):
+    """Negative control, wrong only past the first candidate: after a rejection at position i >= 1, the
+    rollback keeps the first rejected token."""
+
+    verified_from = 0
+
+    def rollback(self, length):
+        accepted = length - self.verified_from - 1
+        super().rollback(length + 1 if accepted >= 1 and length < self.length else length)
+
+
+@pytest.mark.parametrize("broken", ["always-accept", "residual-without-subtraction", "residual-from-the-wrong-row",
+                                    "switches-law-after-the-first", "rollback-keeps-one-rejected"])
+def test_negative_controls_are_detected(broken, monkeypatch):
+    target, K = _target(), 4
+    draft = TableModel(vocab=VOCAB, seed=99, sharpness=1.5)
+    make, acceptance = (lambda: verispec.DraftModel(draft, k=K)), None
+    if broken == "always-accept":
+        acceptance = AlwaysAccept()
+    elif broken == "residual-without-subtraction":
+        acceptance = ResidualWithoutSubtraction()
+    elif broken == "residual-from-the-wrong-row":
+        acceptance = ResidualFromTheWrongRow()
+    elif broken == "switches-law-after-the-first":
+        make = lambda: SwitchesLawAfterTheFirst(draft, k=K)
+    else:
+        target = TrustingTable(vocab=VOCAB, seed=0, sharpness=1.5)
+        # room for the positions a kept stale token shifts the rest by
+        monkeypatch.setattr(target, "new_cache", lambda capacity: KeepsOneRejected(capacity + LENGTH))
     sampling = SamplingConfig(1.0)
-    law = exact_distribution(target, sampling)
-    counts = sample_sequences(target, _drafter_factory("model", 2), sampling, N_SAMPLES, acceptance=broken)
+    law = exact_distribution(_target(), sampling)
+    counts, exercise = sample_with_exercise(target, make, sampling, N_SAMPLES, acceptance=acceptance)
+    if broken != "always-accept":  # (always-accepting uses the whole budget in one step: no second round)
+        assert_exercised(exercise, K)
     pvalue = chi_square_pvalue(counts, law)
-    assert pvalue < ALPHA, f"a broken acceptance rule went undetected (p = {pvalue:.3f})"
+    assert pvalue < ALPHA, f"{broken} went undetected (p = {pvalue:.3f})"
+
+
+def test_a_trusting_cache_with_a_correct_rollback_passes():
+    """The rollback control's model is itself sound: with the loop's real rollback it keeps the law."""
+    target, draft = TrustingTable(vocab=VOCAB, seed=0, sharpness=1.5), TableModel(vocab=VOCAB, seed=99, sharpness=1.5)
+    sampling = SamplingConfig(1.0)
+    counts = sample_sequences(target, lambda: verispec.DraftModel(draft, k=4), sampling, N_SAMPLES)
+    assert chi_square_pvalue(counts, exact_distribution(_target(), sampling)) >= ALPHA
 
 
 def test_plain_sampling_matches_law_and_is_seeded():
-    target = TableModel(vocab=5, seed=3)
-    sampling = SamplingConfig(0.9, top_k=4)
+    target = TableModel(vocab=VOCAB, seed=3)
+    sampling = SamplingConfig(0.9, top_k=2)
     assert chi_square_pvalue(sample_sequences(target, None, sampling, 6000), exact_distribution(target, sampling)) >= ALPHA
     run = lambda seed: verispec.generate(target, input_ids=[1], max_new_tokens=8,
                                          sampling=SamplingConfig(1.0, seed=seed)).token_ids

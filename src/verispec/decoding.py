@@ -17,9 +17,9 @@ from verispec.acceptance import greedy_verify, parse_rule
 from verispec.drafters.base import DraftContext, Drafter, Proposal
 from verispec.errors import VerispecError
 from verispec.models.protocol import DecoderModel
-from verispec.sampling import SamplingConfig, logits_to_probs
+from verispec.sampling import SamplingConfig, check_logits, logits_to_probs
 from verispec.stats import GenerationStats
-from verispec.validation import positive_int
+from verispec.validation import is_int, positive_int
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +72,24 @@ class _Text:
         self.tokenizer, self.stop = tokenizer, list(stop)
         self.ids: list[int] = []
         self.emitted = ""
+        self.searched = 0  # characters of the text already searched for stop strings
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else ""
 
     def hits_stop(self, token: int) -> bool:
-        """Add ``token``; True when a stop string now appears in the output."""
+        """Add ``token``; True when a stop string now appears in the output.
+
+        The whole text is decoded (a window of tokens misses stops spread over tokens that decode to
+        nothing, or to parts of one character); only its new end is searched.
+        """
         self.ids.append(token)
         if not self.stop:
             return False
-        tail = self.decode(self.ids[-(max(map(len, self.stop)) + 8):])
-        return any(s in tail for s in self.stop)
+        text = self.decode(self.ids)
+        start = max(0, self.searched - max(map(len, self.stop)) + 1)
+        self.searched = len(text)
+        return any(s in text[start:] for s in self.stop)
 
     def full(self) -> str:
         text = self.decode(self.ids)
@@ -97,8 +104,26 @@ class _Text:
         return new
 
 
+def _token_ids(input_ids: Any) -> list[int]:
+    """A list (or 1-D integer tensor / array) of token ids -> list[int]; anything else is an error."""
+    if isinstance(input_ids, torch.Tensor) or hasattr(input_ids, "dtype"):  # torch tensor or numpy array
+        if input_ids.ndim != 1 or not str(input_ids.dtype).removeprefix("torch.").startswith(("int", "uint")):
+            raise VerispecError(f"input_ids must be a 1-D sequence of integer token ids, got a {input_ids.ndim}-D "
+                                f"{str(input_ids.dtype).removeprefix('torch.')} array")
+        return [int(t) for t in input_ids.tolist()]
+    if isinstance(input_ids, (str, bytes)) or not isinstance(input_ids, Sequence):
+        raise VerispecError(f"input_ids must be a sequence of integer token ids, got {type(input_ids).__name__}")
+    if not all(is_int(t) for t in input_ids):
+        bad = next(t for t in input_ids if not is_int(t))
+        raise VerispecError(f"input_ids must be integer token ids, got {bad!r}")
+    return list(input_ids)
+
+
 class Generation:
-    """A decoding run: iterate it for ``Step`` records (streaming), then call ``result()``."""
+    """A decoding run: iterate it for ``Step`` records (streaming), then call ``result()``.
+
+    The run happens once: iterating again, or calling ``result()`` after breaking out of a loop over
+    it, continues where it stopped (never restarts)."""
 
     def __init__(self, model: DecoderModel, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
                  max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
@@ -138,11 +163,12 @@ class Generation:
         self.finish_reason: str | None = None
         self.new_ids: list[int] = []
         self.target_logprobs: list[float] = []
+        self._steps = self._run()  # the one generator every iteration and result() share
 
     def _prompt_ids(self, prompt: str | None, input_ids: Sequence[int] | None, chat: bool) -> list[int]:
         if (prompt is None) == (input_ids is None):
             raise VerispecError("give exactly one of prompt (text) or input_ids")
-        ids = encode_prompt(self.model, prompt, chat) if prompt is not None else [int(t) for t in input_ids]
+        ids = encode_prompt(self.model, prompt, chat) if prompt is not None else _token_ids(input_ids)
         if not ids:
             raise VerispecError("the prompt is empty")
         vocab = self.model.config.vocab_size
@@ -173,10 +199,14 @@ class Generation:
         return Step(kept, text, drafted, min(accepted, len(kept)))  # drafts cut by a stop were never emitted
 
     def __iter__(self) -> Iterator[Step]:
+        return self._steps
+
+    def _run(self) -> Iterator[Step]:
         model, stats, drafter = self.model, self.stats, self.drafter
         start = time.perf_counter()
         tokens = list(self.prompt_ids)
-        cache = model.new_cache(len(tokens) + self.max_new_tokens + 1)
+        # The last committed token is never fed, so no pass writes past position prompt + max_new - 2.
+        cache = model.new_cache(len(tokens) + self.max_new_tokens - 1)
         # 1. Prefill: one target call over the prompt gives the first new token.
         logits = model.forward(torch.tensor(tokens), cache, 0, last_only=True)  # [1, vocab]
         stats.target_calls += 1
@@ -219,14 +249,14 @@ class Generation:
         stats.wall_seconds = time.perf_counter() - start
 
     def _verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor):
+        check_logits(logits, "the target model")
         if self.sampling.greedy:
             return getattr(self.acceptance, "verify_greedy", greedy_verify)(drafts, logits)
         return self.acceptance.verify(drafts, draft_probs, logits_to_probs(logits, self.sampling), self.generator)
 
     def result(self) -> GenerationResult:
-        if self.finish_reason is None:
-            for _ in self:
-                pass
+        for _ in self._steps:  # finish the run (nothing left to do once it has ended)
+            pass
         text = self.text.full() if self.text.tokenizer is not None else None
         return GenerationResult(self.new_ids, text, self.finish_reason, self.stats, self.prompt_ids,
                                 self.target_logprobs)

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from verispec.errors import VerispecError
 from verispec.validation import integer, number
 
 
@@ -33,7 +34,7 @@ class SamplingConfig:
         number(self.top_p, "top_p", 0, 1, low_open=True)
         integer(self.top_k, "top_k", minimum=0)
         if self.seed is not None:
-            integer(self.seed, "seed", minimum=0)
+            integer(self.seed, "seed", minimum=0, maximum=2**64 - 1)  # what torch.Generator accepts
 
     @property
     def greedy(self) -> bool:
@@ -57,7 +58,10 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
     logits = logits.float()
     if config.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / config.temperature
+    # In float64 with the maximum shifted to 0 before dividing: any temperature > 0 (even 1e-300, which
+    # is 0 in float32) then sends every other logit to -inf — the greedy limit, ties shared — instead
+    # of overflowing the maximum to inf and the softmax to NaN.
+    logits = (logits.double() - logits.double().amax(-1, keepdim=True)) / config.temperature
     if 0 < config.top_k < logits.shape[-1]:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth, -math.inf)
@@ -68,7 +72,15 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
         drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= config.top_p
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, -math.inf)
-    return logits.softmax(-1)
+    return logits.softmax(-1).float()
+
+
+def check_logits(logits: torch.Tensor, who: str) -> None:
+    """Refuse logits [..., vocab] no distribution can come from: NaN, +inf, or a row that is all -inf
+    (a model that overflowed). -inf alone is a legitimate mask."""
+    if torch.isnan(logits).any() or torch.isposinf(logits).any() or torch.isneginf(logits).all(-1).any():
+        raise VerispecError(f"{who} produced non-finite logits (NaN or inf): its weights or its arithmetic "
+                            "overflowed; try dtype='float32'")
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:

@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from verispec.models.protocol import DecoderModel, KVCacheLike
-from verispec.sampling import SamplingConfig, logits_to_probs, sample
+from verispec.sampling import SamplingConfig, check_logits, logits_to_probs, sample
 from verispec.validation import positive_int
 
 
@@ -93,6 +93,7 @@ def draft_token(logits: torch.Tensor, sampling: SamplingConfig,
                 generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
     """A drafter's choice from [vocab] logits: the argmax when greedy, else a sample from the same
     transform the target uses, returned with that distribution (q)."""
+    check_logits(logits, "the draft")
     if sampling.greedy:
         return int(logits.argmax()), None
     probs = logits_to_probs(logits, sampling)  # [vocab]

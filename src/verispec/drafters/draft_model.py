@@ -17,8 +17,9 @@ log = logging.getLogger(__name__)
 SPEC_DEFAULT_K = 5
 
 
-def check_vocabularies(target: DecoderModel, draft: DecoderModel) -> None:
-    """Identical vocabularies pass; ones that differ only by padding rows at the end are masked later.
+def check_vocabularies(target: DecoderModel, draft: DecoderModel) -> str | None:
+    """Identical vocabularies pass; ones that differ only in their number of rows (padding at the end)
+    are reconciled by ``DraftModel`` (a warning text is returned when no tokenizers can confirm it).
 
     Anything else is an error: translating between tokenizers is not supported.
     """
@@ -34,8 +35,9 @@ def check_vocabularies(target: DecoderModel, draft: DecoderModel) -> None:
                 raise VerispecError(f"a model's embedding ({model.config.vocab_size} rows) is smaller than its "
                                     f"tokenizer's vocabulary ({real})")
     elif target.config.vocab_size != draft.config.vocab_size:
-        log.warning("vocabulary sizes differ (target %d, draft %d) and no tokenizers can show they agree; "
-                    "assuming the extra rows are padding", target.config.vocab_size, draft.config.vocab_size)
+        return (f"vocabulary sizes differ (target {target.config.vocab_size}, draft {draft.config.vocab_size}) and "
+                "no tokenizers can show they agree; assuming the extra rows are padding")
+    return None
 
 
 class DraftModel(DrafterBase):
@@ -44,6 +46,11 @@ class DraftModel(DrafterBase):
     Candidates are sampled autoregressively under the same sampling transform as the target. The
     draft cache holds the committed tokens it has already seen; before proposing, the ones it has
     not (the last recovered/bonus token, and an accepted final draft it never fed) go in one pass.
+
+    Vocabularies may differ in padding rows. The draft never proposes a token the target lacks (those
+    rows are masked); a token the target emits that lies past the draft's rows is fed to the draft
+    as a stand-in (id 0). That changes only what the draft conditions on, never the acceptance rule,
+    so the output law stays the target's.
     """
 
     method = "draft-model"
@@ -55,14 +62,19 @@ class DraftModel(DrafterBase):
         self.model = model
         self.cache = None
         self.cached = 0  # committed tokens whose KV the draft cache holds
+        self._warned: set[int] = set()  # targets already warned about (once each, not every run)
 
     def settings(self) -> dict[str, Any]:
         return {"method": self.method, "draft": self.model.name or "draft", "k": self.k}
 
     def start(self, context: DraftContext) -> None:
-        check_vocabularies(context.target, self.model)
+        warning = check_vocabularies(context.target, self.model)
+        if warning and id(context.target) not in self._warned:
+            self._warned.add(id(context.target))
+            log.warning(warning)
         self.vocab = context.target.config.vocab_size
-        self.cache = self.model.new_cache(context.cache.capacity + 1)
+        self.rows = self.model.config.vocab_size
+        self.cache = self.model.new_cache(context.cache.capacity)  # the draft writes no further than the target
         self.cached = 0
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
@@ -78,6 +90,7 @@ class DraftModel(DrafterBase):
         tokens, sampling = context.tokens, context.sampling
         self.base = len(tokens)
         feed = torch.tensor(tokens[self.cached:])  # usually 1 or 2 tokens; the whole prompt at first
+        feed = torch.where(feed < self.rows, feed, 0)  # a target token past the draft's rows: a stand-in
         tokens_out, probs_out = [], []
         for _ in range(k):
             logits = self._fit_vocab(self.model.forward(feed, self.cache, self.cached, last_only=True))  # [1, vocab]

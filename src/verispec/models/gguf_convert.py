@@ -66,7 +66,10 @@ def _convert(gguf_path: Path, out: Path) -> None:
     import gguf
     from safetensors.torch import save_file
 
-    reader = gguf.GGUFReader(str(gguf_path))
+    try:
+        reader = gguf.GGUFReader(str(gguf_path))
+    except (ValueError, OSError, IndexError, KeyError) as exc:  # bad magic, truncated file, unknown type
+        raise VerispecError(f"{gguf_path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     hf_config = _hf_config(reader)
     tensors: dict[str, torch.Tensor] = {}
     for tensor in reader.tensors:
