@@ -95,7 +95,7 @@ def plan(samples: int) -> list[dict]:
                for d, t, tr, k in itertools.product(DRAFTERS, TEMPERATURES, TRUNCATIONS, KS)]
     controls = [{"drafter": "draft-model", "temperature": t, "truncation": tr, "k": 4, "samples": samples, "control": c}
                 for c in CONTROLS for t, tr in ((1.0, "none"), (0.6, "top-p 0.7"))]
-    return configs + controls
+    return controls + configs  # the controls first: a partial run still shows they are caught
 
 
 def main() -> None:

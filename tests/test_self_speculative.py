@@ -118,6 +118,8 @@ def test_settings_files_round_trip(tmp_path):
 @pytest.mark.parametrize("make,message", [
     (lambda: verispec.EarlyExit(layer=0), "layer must be"),
     (lambda: verispec.LayerSkip(skip=[]), "at least one"),
+    (lambda: verispec.LayerSkip(skip=1), "must be a list of layer indices"),  # found by tests/test_fuzz.py
+    (lambda: verispec.LayerSkip(skip=[1.5]), "layer index must be an integer"),
     (lambda: verispec.LowRank(), "exactly one of"),
     (lambda: verispec.LowRank(rank=8, energy=0.5), "exactly one of"),
     (lambda: verispec.LowRank(energy=1.5), "energy"),

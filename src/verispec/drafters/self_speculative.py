@@ -19,7 +19,7 @@ from verispec.drafters.registry import DrafterSpec, Param, read_tuned
 from verispec.errors import VerispecError
 from verispec.models.protocol import LayeredModel
 from verispec.models.transformer import LayerStep
-from verispec.validation import positive_int
+from verispec.validation import integer, positive_int
 
 DEFAULT_K = 4
 
@@ -83,7 +83,10 @@ class SelfDrafter(DrafterBase):
 # ------------------------------------------------------------------------------------------ layer skip
 
 def _indices(values: Iterable[int] | None, num_layers: int, what: str) -> tuple[int, ...]:
-    out = tuple(sorted(set(int(v) for v in (values or ()))))
+    values = () if values is None else values
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise VerispecError(f"{what} must be a list of layer indices, got {values!r}")
+    out = tuple(sorted(set(integer(v, f"{what}: a layer index", minimum=0) for v in values)))
     bad = [v for v in out if not 0 <= v < num_layers] if num_layers else []
     if bad:
         raise VerispecError(f"{what}: layer indices {bad} are outside 0..{num_layers - 1}")
