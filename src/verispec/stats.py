@@ -99,8 +99,8 @@ class GenerationStats:
 
     def record_step(self, drafted: int, accepted: int, committed: int) -> None:
         """One decode step: ``drafted`` candidates, of which ``accepted`` were kept; ``committed`` tokens
-        kept in the output (fewer than accepted + 1 when EOS, a stop string or the length cut the step)."""
-        accepted = min(accepted, committed)  # drafts cut by a stop were never emitted
+        kept in the output (fewer than accepted + 1 when EOS, a stop string or the length cut the step,
+        and then ``accepted`` counts only the committed drafts: the loop's ``Step`` already does)."""
         self.decode_steps += 1
         self.decode_step_tokens += committed
         self.drafted_tokens += drafted
