@@ -20,7 +20,8 @@ OPTIONAL_NUMBER = (int, float, type(None))
 # The record contract, field by field: name -> allowed types. Run metrics carry GenerationStats' names.
 RECORD_SCHEMA = {
     "type": str, "schema": int, "setting": str, "params": dict, "target": str, "pair": str, "acceptance": str,
-    "hardware": dict, "versions": dict, "dtype": str, "workload": str, "prompt_id": str, "chat_template": bool,
+    "hardware": dict, "versions": dict, "dtype": str, "quantization": (str, type(None)), "compared_with": str,
+    "workload": str, "prompt_id": str, "chat_template": bool,
     "repetition": int, "mode": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER,
     # GenerationStats fields
     "method": str, "settings": dict, "k": int, "exact": bool, "engine": str, "sampling": dict, "seed": int,

@@ -20,7 +20,7 @@ _EXPORTS = {
     "stream": "decoding",
     "DraftContext": "drafters", "Drafter": "drafters", "DrafterBase": "drafters", "DraftModel": "drafters",
     "EarlyExit": "drafters", "LayerSkip": "drafters", "LowRank": "drafters", "PromptLookup": "drafters",
-    "Proposal": "drafters", "make_choice": "drafters", "parse_drafter": "drafters", "register": "drafters",
+    "QuantizedDraft": "drafters", "Proposal": "drafters", "make_choice": "drafters", "parse_drafter": "drafters", "register": "drafters",
     "DrafterSpec": "drafters", "Param": "drafters",
     "VerispecError": "errors",
     "load_model": "models",

@@ -52,6 +52,9 @@ def model_options(func: Callable) -> Callable:
                      help="Weights dtype; bfloat16 is the fast one on CPUs, float32 the exact one."),
         click.option("--backend", default="native", show_default=True, type=click.Choice(["native", "hf"]),
                      help="native: verispec's lean runtime; hf: wrap a transformers model."),
+        click.option("--quantize", default=None, type=click.Choice(["none", "int8"]),
+                     help="Quantize the target's matrices: int8 weights and per-token int8 activations "
+                          "(native backend; exact decoding is then exact to the int8 model)."),
         click.option("--threads", type=click.IntRange(min=1), default=None,
                      help="torch intra-op threads (default: torch's choice)."),
     ]
@@ -116,7 +119,8 @@ def sampling_options(func: Callable) -> Callable:
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print tokens as they are made.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result and stats as JSON.")
 @_errors_to_messages
-def generate(prompt: str, model: str, dtype: str, backend: str, threads: int | None, temperature: float,
+def generate(prompt: str, model: str, dtype: str, backend: str, quantize: str | None, threads: int | None,
+             temperature: float,
              top_k: int, top_p: float, seed: int | None, max_new_tokens: int, chat: bool, stop: tuple[str, ...],
              k: str | None, acceptance: str, stream: bool, as_json: bool, **drafter_flags: Any) -> None:
     """Generate a continuation of PROMPT: plain, or speculative with one draft source."""
@@ -135,7 +139,7 @@ def generate(prompt: str, model: str, dtype: str, backend: str, threads: int | N
     if k is not None and flags["--drafter"]:
         raise VerispecError("--drafter carries its own K (NAME:...,k=N); drop -k")
     parse_rule(acceptance)
-    request = GenerateRequest(prompt=prompt, model=model, dtype=dtype, backend=backend, threads=threads,
+    request = GenerateRequest(prompt=prompt, model=model, dtype=dtype, backend=backend, quantize=quantize, threads=threads,
                               sampling=SamplingConfig(temperature, top_k, top_p, seed), max_new_tokens=max_new_tokens,
                               chat=chat, stop=stop, drafter=choices[0] if choices else None, acceptance=acceptance)
     run = start_generate(request)
@@ -182,7 +186,8 @@ def models_fetch(name: str, wheel_dir: str | None) -> None:
 @click.option("--prompts", "prompts_file", default=None, type=click.Path(dir_okay=False),
               help="Calibration prompts (JSONL with a 'prompt' field; default: built-in code and prose).")
 @_errors_to_messages
-def tune(method: str, model: str, dtype: str, backend: str, threads: int | None, out: str | None, new_tokens: int,
+def tune(method: str, model: str, dtype: str, backend: str, quantize: str | None, threads: int | None, out: str | None,
+         new_tokens: int,
          max_skipped: int | None, prompts_file: str | None) -> None:
     """Search self-speculative settings (METHOD: layer-skip or early-exit) and write them to a file.
 
@@ -195,7 +200,8 @@ def tune(method: str, model: str, dtype: str, backend: str, threads: int | None,
     if backend != "native":
         raise VerispecError("tuning runs parts of the model and needs --backend native")
     progress = lambda message: click.echo(f"[tune {method}] {message}", err=True)
-    _, path = run_tune(method, model, dtype, threads, out, new_tokens, max_skipped, prompts_file, progress)
+    _, path = run_tune(method, model, dtype, threads, out, new_tokens, max_skipped, prompts_file, progress,
+                       quantize=quantize)
     click.echo(f"wrote {path}")
 
 
@@ -204,13 +210,16 @@ def tune(method: str, model: str, dtype: str, backend: str, threads: int | None,
 @click.option("--prompt", default=None, help="Prompt (default: a built-in one).")
 @click.option("--max-new-tokens", "-n", default=96, show_default=True, type=int)
 @_errors_to_messages
-def demo(model: str, dtype: str, backend: str, threads: int | None, prompt: str | None, max_new_tokens: int) -> None:
+def demo(model: str, dtype: str, backend: str, quantize: str | None, threads: int | None, prompt: str | None,
+         max_new_tokens: int) -> None:
     """Run the default model plain and speculatively on one prompt; print output and speedup."""
-    from verispec.commands import run_demo
+    from verispec.commands import DEMO_QUANTIZE, run_demo
 
     demo = run_demo(model=model, dtype=dtype, backend=backend, threads=threads, prompt=prompt,
-                    max_new_tokens=max_new_tokens)
-    click.echo(f"--- prompt{' (chat template)' if demo.chat else ''}:\n{demo.prompt}\n--- output ({demo.drafter}):")
+                    max_new_tokens=max_new_tokens, quantize=DEMO_QUANTIZE if quantize is None and backend == "native" else quantize)
+    weights = f"{demo.quantization} weights" if demo.quantization else f"{dtype} weights"
+    click.echo(f"--- prompt{' (chat template)' if demo.chat else ''}:\n{demo.prompt}\n--- output ({weights}; "
+               f"{demo.drafter}):")
     click.echo(demo.speculative.text)
     click.echo("---")
     click.echo(f"plain:       {demo.plain.stats.summary()}")
@@ -236,6 +245,8 @@ def drafters_command() -> None:
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--model", "-m", "target", default=None, help="Target model (default: the config's, else smollm2-135m).")
 @click.option("--dtype", default=None, type=click.Choice(["bfloat16", "float32", "float16", "bf16", "fp32", "fp16"]))
+@click.option("--quantize", "quantize", multiple=True, type=click.Choice(["none", "int8"]),
+              help="Target quantizations to compare side by side (repeatable: --quantize none --quantize int8).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="torch intra-op threads.")
 @click.option("--workload", "workloads", multiple=True,
               help="humaneval, spec_bench, spec_bench/<category>, or FILE.jsonl with a 'prompt' field (repeatable).")
@@ -262,7 +273,8 @@ def drafters_command() -> None:
 @click.option("--report/--no-report", "make_report", default=True, show_default=True,
               help="Render the report (markdown, HTML, plots) next to the results when done.")
 @_errors_to_messages
-def bench(config: str | None, target: str | None, dtype: str | None, threads: int | None, workloads: tuple[str, ...],
+def bench(config: str | None, target: str | None, dtype: str | None, quantize: tuple[str, ...], threads: int | None,
+          workloads: tuple[str, ...],
           data_dir: str | None, prompts: int | None, max_new_tokens: int | None, repetitions: int | None,
           seed: int | None, temperatures: tuple[float, ...], top_k: int, top_p: float, hf_assisted: str | None,
           hf_prompt_lookup: int | None, hf_plain: bool, ks: str | None, rules: tuple[str, ...], roofline: bool | None,
@@ -276,7 +288,8 @@ def bench(config: str | None, target: str | None, dtype: str | None, threads: in
     bench_config = config_from_flags(
         config, _drafter_flags(drafter_flags), ks, rules,
         {"hf_assisted": hf_assisted, "hf_prompt_lookup": hf_prompt_lookup, "hf_plain": hf_plain},
-        temperatures, top_k, top_p, target=target, dtype=dtype, threads=threads, workloads=list(workloads),
+        temperatures, top_k, top_p, target=target, dtype=dtype, quantize=list(quantize), threads=threads,
+        workloads=list(workloads),
         data_dir=data_dir, prompts=prompts, max_new_tokens=max_new_tokens, repetitions=repetitions, seed=seed,
         roofline=roofline)
     path = run_bench(bench_config, output, overwrite=overwrite, say=lambda message: click.echo(message, err=True))

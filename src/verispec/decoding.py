@@ -160,6 +160,8 @@ class Generation:
                                      sampling=self.sampling.describe(), seed=seed,
                                      prompt_tokens=len(self.prompt_ids), exact=self.acceptance.exact)
         self.stats.settings.update(self.acceptance.settings())
+        # What "exact" is exact to: the target as loaded (its weights' dtype, and int8 if quantized).
+        self.stats.settings["quantization"] = getattr(model, "quantization", None)
         self.finish_reason: str | None = None
         self.new_ids: list[int] = []
         self.target_logprobs: list[float] = []

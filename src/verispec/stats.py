@@ -123,6 +123,8 @@ class GenerationStats:
 
     def summary(self) -> str:
         kind = "exact" if self.exact else "APPROXIMATE"
+        if (self.settings or {}).get("quantization"):
+            kind += f", {self.settings['quantization']} target"
         line = (f"{self.method} ({kind}): {self.new_tokens} tokens in {self.wall_seconds:.2f}s "
                 f"({self.tokens_per_second:.1f} tok/s), {self.target_calls} target calls")
         if self.drafted_tokens:

@@ -4,6 +4,7 @@
     workloads = ["humaneval", "spec_bench"]      # spec_bench = its six categories
     prompts = 2                                  # per workload (per Spec-Bench category)
     max_new_tokens = 64
+    quantize = ["none", "int8"]                  # optional: targets compared side by side
     [[sampling]]                                 # greedy, then T=0.7 (seeded)
     temperature = 0.0
     [[sampling]]
@@ -13,6 +14,10 @@
     draft = "qwen2.5-coder-0.5b"
     k = [3, 5]
     acceptance = ["exact", "lenient:0.5"]        # optional; approximate rules are marked
+    [[methods]]
+    name = "quantized"                           # the target's own weights in int8 as the draft
+    bits = 8
+    quantize = ["none"]                          # only for the float target (see top-level 'quantize')
     [[methods]]
     name = "hf-assisted"                         # transformers' own assisted generation
     draft = "qwen2.5-coder-0.5b"
@@ -32,6 +37,7 @@ from verispec.acceptance import parse_rule
 from verispec.drafters.registry import DRAFTERS, DrafterChoice, flag_selections, make_choice, parse_drafter
 from verispec.errors import VerispecError
 from verispec.models.loading import parse_dtype
+from verispec.models.quantize import check_scheme
 from verispec.sampling import SamplingConfig
 from verispec.validation import integer
 
@@ -45,7 +51,7 @@ DEFAULT_TARGET = "smollm2-135m"
 # transformers' own generate, measured beside verispec: each takes the parameters (and default K)
 # of the verispec drafter it corresponds to.
 HF_METHODS: dict[str, str | None] = {"hf-plain": None, "hf-assisted": "draft-model", "hf-prompt-lookup": "prompt-lookup"}
-TOP_LEVEL = {"target", "dtype", "threads", "max_new_tokens", "prompts", "repetitions", "seed", "workloads",
+TOP_LEVEL = {"target", "dtype", "quantize", "threads", "max_new_tokens", "prompts", "repetitions", "seed", "workloads",
              "data_dir", "chat", "ignore_eos", "warmup_tokens", "roofline", "sampling", "methods"}
 
 
@@ -58,6 +64,7 @@ class Setting:
     params: dict[str, Any]
     k: int  # 0 for plain decoding
     acceptance: str = "exact"
+    quantize: str | None = None  # the target's quantization (None: its dtype's weights)
 
     @property
     def label(self) -> str:
@@ -67,6 +74,8 @@ class Setting:
             text += f" K={self.k}"
         if self.acceptance != "exact":
             text += f" [{self.acceptance}]"
+        if self.quantize:
+            text += f" @{self.quantize}"
         return text
 
     @property
@@ -80,6 +89,8 @@ class Setting:
 
     def pair(self, target: str) -> str:
         """The model pair, or the approximation of the target, in words."""
+        if self.quantize:
+            target = f"{target} ({self.quantize})"
         if self.method in ("plain", "hf-plain"):
             return target
         counterpart = HF_METHODS.get(self.method, self.method)
@@ -102,6 +113,7 @@ class BenchConfig:
     workloads: tuple[str, ...] = ("humaneval", "spec_bench")
     samplings: tuple[SamplingConfig, ...] = (SamplingConfig(),)
     dtype: str = "bfloat16"
+    quantize: tuple[str | None, ...] = (None,)  # target quantizations compared; the first one's plain is the baseline
     threads: int | None = None
     max_new_tokens: int = 64
     prompts: int = 2
@@ -112,6 +124,12 @@ class BenchConfig:
     ignore_eos: bool = True  # fixed-length outputs, so speedups compare equal work
     warmup_tokens: int = 8
     roofline: bool = False  # measure the read bandwidth; records then say what share of it decoding reaches
+
+    @property
+    def plains(self) -> tuple[Setting, ...]:
+        """Plain decoding at each quantization: the first is the baseline of every other plain run, and
+        each quantization's plain run is the baseline of that quantization's methods."""
+        return tuple(dataclasses.replace(PLAIN, quantize=q) for q in self.quantize)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -148,7 +166,7 @@ def parse_method(index: int, table: Any) -> list[Setting]:
     if name not in DRAFTERS and name not in HF_METHODS:
         raise _fail(where, f"unknown method {name!r}; choose from {', '.join(known)}")
     where = f"methods[{index}] ({name})"
-    params = {key: value for key, value in table.items() if key not in ("name", "k", "acceptance")}
+    params = {key: value for key, value in table.items() if key not in ("name", "k", "acceptance", "quantize")}
     if name == "hf-plain":
         if params or "k" in table or "acceptance" in table:
             raise _fail(where, "hf-plain takes no parameters, k or acceptance")
@@ -172,6 +190,8 @@ def parse_method(index: int, table: Any) -> list[Setting]:
         except VerispecError as exc:
             raise VerispecError(f"bench config: {exc}") from None
         settings += [Setting(name, engine, dict(choice.params), choice.k, rule) for rule in rules]
+    if "quantize" in table and engine != "verispec":
+        raise _fail(where, "transformers' engines run their own weights; 'quantize' applies to verispec methods")
     return settings
 
 
@@ -198,7 +218,17 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
     methods = raw.get("methods", [])
     if not isinstance(methods, list):
         raise _fail("top level", "'methods' is a list of tables ([[methods]] in TOML)")
-    settings = [s for i, m in enumerate(methods) for s in parse_method(i, m)]
+    quantize = _quantizations(raw.get("quantize", [None]), "top level")
+    settings = []
+    for i, m in enumerate(methods):
+        parsed = parse_method(i, m)
+        # A method runs at every target quantization listed, or at those its own 'quantize' names.
+        only = _quantizations(m["quantize"], f"methods[{i}]") if "quantize" in m else quantize
+        if not set(only) <= set(quantize):
+            raise _fail(f"methods[{i}]", f"'quantize' {list(only)} must be among the top-level 'quantize' "
+                                         f"{list(quantize)} (each needs its plain baseline)")
+        settings += [dataclasses.replace(s, quantize=q) for q in only for s in parsed if s.engine == "verispec"]
+        settings += [s for s in parsed if s.engine != "verispec"]  # transformers runs its own weights
     if len({s.label for s in settings}) != len(settings):
         raise _fail("methods", "the same method setting is listed twice")
     samplings = raw.get("sampling", [{"temperature": 0.0}])
@@ -223,13 +253,29 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
     seed = _positive_int("top level", "seed", raw.get("seed", 0), minimum=0)
     return BenchConfig(
         target=target, settings=tuple(settings), workloads=tuple(workloads), samplings=tuple(samplings),
-        dtype=raw.get("dtype", "bfloat16"), threads=threads,
+        dtype=raw.get("dtype", "bfloat16"), quantize=quantize, threads=threads,
         max_new_tokens=_positive_int("top level", "max_new_tokens", raw.get("max_new_tokens", 64)),
         prompts=_positive_int("top level", "prompts", raw.get("prompts", 2)),
         repetitions=_positive_int("top level", "repetitions", raw.get("repetitions", 1)),
         seed=seed, data_dir=data_dir, chat=chat, ignore_eos=ignore_eos,
         warmup_tokens=_positive_int("top level", "warmup_tokens", raw.get("warmup_tokens", 8), minimum=0),
         roofline=_flag("roofline", raw.get("roofline", False)))
+
+
+def _quantizations(value: Any, where: str) -> tuple[str | None, ...]:
+    """'quantize': a scheme or a list of them ("none" for the unquantized target), each once."""
+    out = []
+    for item in _as_list(value):
+        try:
+            scheme = check_scheme(item)
+        except VerispecError as exc:
+            raise _fail(where, f"'quantize': {exc}") from None
+        if scheme in out:
+            raise _fail(where, f"'quantize' lists {item!r} twice")
+        out.append(scheme)
+    if not out:
+        raise _fail(where, "'quantize' is empty; leave it out for the unquantized target")
+    return tuple(out)
 
 
 def _flag(key: str, value: Any) -> bool:

@@ -24,8 +24,10 @@ class Engines:
 
     def __init__(self, config: BenchConfig) -> None:
         self.config = config
-        self.target = load_model(config.target, dtype=config.dtype)
-        self.models: dict[str, DecoderModel] = {}  # draft models by name, shared by the settings that use them
+        # One target per quantization compared; the first is the one prompts are encoded with.
+        self.targets = {q: load_model(config.target, dtype=config.dtype, quantize=q) for q in config.quantize}
+        self.target = self.targets[config.quantize[0]]
+        self.models: dict[tuple[str, str | None], DecoderModel] = {}  # draft models, shared by the settings using them
         self.drafters = {s.label: s.choice.build(self.load) for s in config.settings if s.choice is not None}
         self.hf_target = None
         self.hf_drafts: dict[str, Any] = {}
@@ -38,10 +40,10 @@ class Engines:
             if draft is not None and draft not in self.hf_drafts:
                 self.hf_drafts[draft] = load_hf(draft, parse_dtype(config.dtype))
 
-    def load(self, name: str) -> DecoderModel:
-        if name not in self.models:
-            self.models[name] = load_model(name, dtype=self.config.dtype)
-        return self.models[name]
+    def load(self, name: str, quantize: str | None = None) -> DecoderModel:
+        if (name, quantize) not in self.models:
+            self.models[name, quantize] = load_model(name, dtype=self.config.dtype, quantize=quantize)
+        return self.models[name, quantize]
 
     def run(self, setting: Setting, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int,
             seed: int) -> GenerationResult:
@@ -50,7 +52,7 @@ class Engines:
             assistant = self.hf_drafts.get(setting.params.get("draft"))
             return run_transformers(self.hf_target, assistant, self.target.tokenizer, prompt_ids, sampling, setting,
                                     max_new_tokens, self.config.ignore_eos, seed)
-        return generate(self.target, input_ids=prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
+        return generate(self.targets[setting.quantize], input_ids=prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                         drafter=self.drafters.get(setting.label), acceptance=setting.acceptance,
                         ignore_eos=self.config.ignore_eos)
 
@@ -69,10 +71,12 @@ def prompt_ids(model: DecoderModel, prompt: Prompt, chat: str) -> tuple[list[int
 
 def weight_bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads: every matrix once; of an embedding table one row,
-    counted as nothing, unless the head shares it (then the whole table, once)."""
+    counted as nothing, unless the head shares it (then the whole table, once). int8 matrices are
+    buffers (weights, scales, sums): counted at their own sizes."""
     names: dict[int, list[str]] = {}
-    params: dict[int, torch.nn.Parameter] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
+    params: dict[int, torch.Tensor] = {}
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, param in tensors:
         names.setdefault(id(param), []).append(name)
         params[id(param)] = param
     return sum(p.numel() * p.element_size() for i, p in params.items() if any("embed" not in n for n in names[i]))

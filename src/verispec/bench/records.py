@@ -145,6 +145,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "type": "summary", "setting": first["setting"], "method": first["method"], "engine": first["engine"],
         "pair": first["pair"], "k": first["k"], "acceptance": first["acceptance"], "exact": first["exact"],
         "workload": first["workload"], "mode": first["mode"], "runs": len(rows),
+        "quantization": first.get("quantization"), "compared_with": first.get("compared_with", "plain"),
         "acceptance_rate": pooled.acceptance_rate, "acceptance_rate_by_position": by_position,
         "mean_accepted_length": pooled.mean_accepted_length, "target_calls_per_token": pooled.target_calls_per_token,
         "tokens_per_second": statistics.median(r["tokens_per_second"] for r in rows),

@@ -20,7 +20,8 @@ def _f(value: Any, fmt: str = "{:.2f}") -> str:
 
 
 def _quality(s: dict[str, Any]) -> str:
-    if s["method"] == "plain":
+    baseline = s["compared_with"] == s["setting"]
+    if baseline:
         parts = [] if s["identical"] is not None else [f"log p {_f(s['target_logprob_mean'], '{:.3f}')}"]
     elif s["identical"] is not None:
         parts = [f"{s['identical']}/{s['runs']} identical"]
@@ -31,13 +32,15 @@ def _quality(s: dict[str, Any]) -> str:
         parts = [f"Δ log p {_f(delta, '{:+.3f}')}" + (f" ± {2 * se:.3f}" if se is not None else "")]
     if s["metric"] and s["metric_value"] is not None:
         name = {"chrf": "chrF", "rouge_l": "ROUGE-L"}[s["metric"]]
-        parts.append(f"{name} {s['metric_value']:.1f}" + ("" if s["method"] == "plain" else f" (plain {s['plain_metric_value']:.1f})"))
+        parts.append(f"{name} {s['metric_value']:.1f}" + ("" if baseline else f" (plain {s['plain_metric_value']:.1f})"))
     return "; ".join(parts)
 
 
 def _row(s: dict[str, Any]) -> list[str]:
-    speed = "1.00 (baseline)" if s["method"] == "plain" else (
+    speed = "1.00 (baseline)" if s["compared_with"] == s["setting"] else (
         f"{s['speedup_median']:.2f} [{s['speedup_low']:.2f}–{s['speedup_high']:.2f}]")
+    if s["compared_with"] not in ("plain", s["setting"]):  # another quantization's baseline
+        speed += f" vs {s['compared_with']}"
     rule = s["acceptance"] if s["exact"] else f"**{s['acceptance']} (APPROXIMATE)**"
     label = s["setting"] if s["engine"] == "verispec" else f"{s['setting']} (transformers)"
     return [label, s["mode"], rule, str(s["k"] or "–"), str(s["runs"]), _f(s["acceptance_rate"], "{:.1%}"),

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from verispec.bench.config import PLAIN, BenchConfig, Setting
+from verispec.bench.config import BenchConfig, Setting
 from verispec.bench.engines import Engines, prompt_ids, weight_bytes_per_token
 from verispec.bench.records import SCHEMA_VERSION, make_record, mode_label
 from verispec.bench.workloads import Prompt, load_workload
@@ -83,6 +83,7 @@ def _context(config: BenchConfig, setting: Setting, prompt: Prompt, chat: bool, 
     return {"setting": setting.label, "params": setting.params, "target": config.target,
             "pair": setting.pair(config.target), "acceptance": setting.acceptance,
             "hardware": environment["hardware"], "versions": environment["versions"], "dtype": config.dtype,
+            "quantization": setting.quantize,
             "workload": prompt.workload, "prompt_id": prompt.id, "chat_template": chat, "repetition": repetition,
             "mode": mode_label(sampling.temperature, sampling.top_k, sampling.top_p),
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
@@ -106,8 +107,9 @@ def run_bench(config: BenchConfig, out: str | Path, overwrite: bool = False, pro
     if config.roofline:
         environment["read_bandwidth_gbs"] = read_bandwidth_gbs()
         say(f"[bench] measured read bandwidth: {environment['read_bandwidth_gbs']:.1f} GB/s")
-    weight_bytes = weight_bytes_per_token(engines.target) if config.roofline else None
-    settings = [PLAIN, *config.settings]
+    weight_bytes = {q: weight_bytes_per_token(t) for q, t in engines.targets.items()} if config.roofline else {}
+    plains = config.plains
+    settings = [*plains, *config.settings]
     plan = [(p, ids, chat, sampling, rep) for sampling in config.samplings for rep in range(config.repetitions)
             for (p, ids, chat) in encoded]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -124,18 +126,24 @@ def run_bench(config: BenchConfig, out: str | Path, overwrite: bool = False, pro
         with _progress(meta["runs"], progress) as bar:
             for index, (p, ids, chat, sampling, rep) in enumerate(plan):
                 seed = config.seed + index
-                plain = None
+                plain: dict[str | None, Any] = {}  # plain runs of this prompt, by quantization
                 for setting in settings:  # plain first, then every method on the same prompt: interleaved
                     run = engines.run(setting, ids, sampling, config.max_new_tokens, seed)
-                    record = make_record(_context(config, setting, p, chat, sampling, rep, environment), run, plain,
-                                         sampling.greedy, p.reference, p.metric, weight_bytes,
+                    # A method compares with plain decoding of the same target; a plain run with the first.
+                    base_setting = plains[0] if setting in plains else next(q for q in plains if q.quantize == setting.quantize)
+                    base = plain.get(base_setting.quantize)
+                    context = _context(config, setting, p, chat, sampling, rep, environment)
+                    context["compared_with"] = base_setting.label
+                    record = make_record(context, run, base,
+                                         sampling.greedy, p.reference, p.metric, weight_bytes.get(setting.quantize),
                                          environment.get("read_bandwidth_gbs"))
-                    plain = plain or run
+                    if setting in plains:
+                        plain[setting.quantize] = run
                     f.write(json.dumps(record) + "\n")
                     f.flush()
                     written += 1
                     speed = f"{record['tokens_per_second']:.1f} tok/s"
-                    if setting is not PLAIN:
+                    if setting is not plains[0]:
                         speed += f", {record['speedup']:.2f}x"
                     bar.set_postfix_str(f"{p.workload}/{p.id} {record['mode']} {setting.label}: {speed}", refresh=False)
                     bar.update()

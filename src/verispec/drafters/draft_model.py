@@ -65,7 +65,8 @@ class DraftModel(DrafterBase):
         self._warned: set[int] = set()  # targets already warned about (once each, not every run)
 
     def settings(self) -> dict[str, Any]:
-        return {"method": self.method, "draft": self.model.name or "draft", "k": self.k}
+        return {"method": self.method, "draft": self.model.name or "draft", "k": self.k,
+                "draft_quantization": getattr(self.model, "quantization", None)}
 
     def start(self, context: DraftContext) -> None:
         warning = check_vocabularies(context.target, self.model)
@@ -108,10 +109,18 @@ class DraftModel(DrafterBase):
         self.cache.rollback(self.cached)
 
 
+def _quantized(params: dict[str, Any]) -> str:
+    scheme = params.get("draft_quantize", "none")
+    return "" if scheme == "none" else f" ({scheme})"
+
+
 SPEC = DrafterSpec(
     name="draft-model", summary="a separate, smaller model with its own KV cache",
-    params=(Param("draft", "str", "Draft model (same forms as --model).", required=True, flag="--draft", selects=True),),
-    build=lambda p, k, load: DraftModel(load(p["draft"]), k=SPEC_DEFAULT_K if k is None else k),
-    describe=lambda p, target: f"{p['draft']} -> {target}",
+    params=(Param("draft", "str", "Draft model (same forms as --model).", required=True, flag="--draft", selects=True),
+            Param("draft_quantize", "str", "Quantize the draft model's weights (int8); the target is unaffected.",
+                  flag="--draft-quantize", choices=("none", "int8"))),
+    build=lambda p, k, load: DraftModel(load(p["draft"], quantize=p.get("draft_quantize")),
+                                        k=SPEC_DEFAULT_K if k is None else k),
+    describe=lambda p, target: f"{p['draft']}{_quantized(p)} -> {target}",
     default_k=SPEC_DEFAULT_K, model_params=("draft",),
 )

@@ -14,11 +14,11 @@ from torch import nn
 
 from verispec.drafters.base import DraftContext
 from verispec.drafters.registry import DrafterSpec, Param
-from verispec.drafters.self_speculative import DEFAULT_K, SelfDrafter
+from verispec.drafters.self_speculative import DEFAULT_K, LayerProjections, SwappedMatrices
 from verispec.errors import VerispecError
 from verispec.models.protocol import LayeredModel
 from verispec.validation import number, positive_int
-from verispec.kernels import Linear
+from verispec.kernels import Linear, dense_weight
 from verispec.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -43,13 +43,6 @@ class LowRankLinear(nn.Module):
         return self.outer(self.inner(x))
 
 
-class _LayerProjections:
-    """A layer's four products, each either the original matrix or its low-rank factors."""
-
-    def __init__(self, **products: nn.Module) -> None:
-        self.__dict__.update(products)
-
-
 def choose_rank(singular_values: torch.Tensor, rank: int | None, energy: float | None) -> int:
     """The given rank, or the smallest keeping ``energy`` of sum(s^2); rounded up to a multiple of 8."""
     if rank is None:
@@ -65,7 +58,7 @@ def factorize(weight: torch.Tensor, rank: int | None, energy: float | None) -> t
     return (u[:, :r] * s[:r]).contiguous(), vh[:r].contiguous()
 
 
-class LowRank(SelfDrafter):
+class LowRank(SwappedMatrices):
     """Draft with truncated-SVD factors of the chosen matrices; verification uses the original weights.
 
     ``rank`` fixes r for every matrix; ``energy`` (0 < energy < 1) picks, per matrix, the smallest r
@@ -121,7 +114,7 @@ class LowRank(SelfDrafter):
                 products[name] = LowRankLinear(a, b, original.bias)
                 ranks.append(b.shape[0])
                 nbytes += (a.numel() + b.numel()) * a.element_size()
-            projections.append(_LayerProjections(**products))
+            projections.append(LayerProjections(**products))
         head = None
         if self.lm_head:
             a, b = factors["head.a"].to(dtype), factors["head.b"].to(dtype)
@@ -134,6 +127,7 @@ class LowRank(SelfDrafter):
 
     def _cache_path(self, model: Any) -> Path:
         key = json.dumps({"model": str(model.folder or model.name), "rank": self.rank,
+                          "quantization": getattr(model, "quantization", None),
                           "energy": self.energy, "matrices": self.matrices, "head": self.lm_head,
                           "shape": [model.config.num_layers, model.config.hidden_size]})
         name = f"lowrank-{hashlib.sha256(key.encode()).hexdigest()[:16]}.safetensors"
@@ -152,10 +146,10 @@ class LowRank(SelfDrafter):
         factors: dict[str, torch.Tensor] = {}
         for i, layer in enumerate(model.layers):
             for name in self.matrices:
-                a, b = factorize(getattr(layer, name).weight, self.rank, self.energy)
+                a, b = factorize(dense_weight(getattr(layer, name)), self.rank, self.energy)
                 factors[f"{i}.{name}.a"], factors[f"{i}.{name}.b"] = a, b
         if self.lm_head:
-            factors["head.a"], factors["head.b"] = factorize(model.lm_head.weight, self.rank, self.energy)
+            factors["head.a"], factors["head.b"] = factorize(dense_weight(model.lm_head), self.rank, self.energy)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -163,15 +157,10 @@ class LowRank(SelfDrafter):
             tmp.replace(path)
         return factors
 
-    def draft_logits(self, model: Any, cache: Any, token: int, position: int, plan: "_LowRankPlan") -> torch.Tensor:
-        hidden = model.run_layers(model.embed_tokens(torch.tensor([token])), cache, position, model.all_layers,
-                                  projections=plan.projections)
-        return model.logits(hidden, head=plan.head)[-1]
-
 
 @dataclasses.dataclass(frozen=True)
 class _LowRankPlan:
-    projections: list[_LayerProjections]  # per layer: original or factored products
+    projections: list[LayerProjections]  # per layer: original or factored products
     head: LowRankLinear | None
     mean_rank: float
     factor_bytes: int

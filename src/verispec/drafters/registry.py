@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 from verispec.errors import VerispecError
 from verispec.validation import is_int, is_number, number, positive_int
 
-ModelLoader = Callable[[str], Any]  # model name / path -> a loaded DecoderModel
+ModelLoader = Callable[..., Any]  # (model name / path, quantize=None) -> a loaded DecoderModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,7 @@ class Param:
     selects: bool = False  # giving the flag selects this drafter (others only refine it)
     minimum: int = 1
     bounds: tuple[float, float] | None = None
+    choices: tuple[str, ...] | None = None  # the values a "str" may take
 
     def parse(self, value: Any, where: str) -> Any:
         """A value from text (CLI, spec) or from typed data (TOML, JSON, Python) -> its checked form."""
@@ -60,7 +61,9 @@ class Param:
         if kind == "str":
             if not isinstance(value, (str, Path)) or not str(value):
                 raise VerispecError(f"{what} must be a non-empty string, got {value!r}")
-            return str(value)
+            if self.choices is not None and str(value).lower() not in self.choices:
+                raise VerispecError(f"{what} must be one of {', '.join(self.choices)}, got {value!r}")
+            return str(value).lower() if self.choices is not None else str(value)
         if kind in ("ints", "ints|file"):
             items = _split(value) if isinstance(value, str) else value
             if not isinstance(items, (list, tuple)):

@@ -80,6 +80,24 @@ class SelfDrafter(DrafterBase):
         return Proposal(torch.tensor(tokens), torch.stack(probs) if probs else None, draft_calls=k)
 
 
+class LayerProjections:
+    """A layer's four products (qkv, o, gate_up, down) as a draft pass runs them: each the original
+    matrix or a cheaper stand-in (low-rank factors, quantized weights)."""
+
+    def __init__(self, **products: Any) -> None:
+        self.__dict__.update(products)
+
+
+class SwappedMatrices(SelfDrafter):
+    """A draft pass through every layer with some matrices swapped: ``check`` returns a plan with
+    ``projections`` (one ``LayerProjections`` per layer) and ``head`` (None keeps the LM head)."""
+
+    def draft_logits(self, model: Any, cache: Any, token: int, position: int, plan: Any) -> torch.Tensor:
+        hidden = model.run_layers(model.embed_tokens(torch.tensor([token])), cache, position, model.all_layers,
+                                  projections=plan.projections)
+        return model.logits(hidden, head=plan.head)[-1]
+
+
 # ------------------------------------------------------------------------------------------ layer skip
 
 def _indices(values: Iterable[int] | None, num_layers: int, what: str) -> tuple[int, ...]:

@@ -1,10 +1,14 @@
-"""An optional compiled kernel for bf16-weight matrix products over a few rows.
+"""Optional compiled kernels: bf16- and int8-weight matrix products over a few rows.
 
 On CPUs without native bf16 arithmetic (AVX2 machines), torch's bf16 matmul costs grow linearly
 with the number of rows, which makes verifying K drafts cost about K decode steps. The kernel in
-``bf16_gemv.cpp`` reads each weight row once for up to 16 input rows. It is compiled on first use
-(about a minute, cached by torch in ~/.cache/torch_extensions); if that fails, or on CPUs without
-AVX2/FMA, or with ``VERISPEC_KERNELS=0``, everything runs on torch's own ``F.linear``.
+``bf16_gemv.cpp`` reads each weight row once for up to 16 input rows. ``int8_linear.cpp`` does the
+same for int8 weights with per-row int8 activations and int32 accumulation (AMX, AVX-512 VNNI and
+AVX2 paths, chosen by CPU feature and a quick measurement; see ``int8_linear``); ``attention.cpp``
+computes the attention of a few rows row by row, so no row's bits depend on the others. The extension is
+compiled on first use (about a minute, cached by torch in ~/.cache/torch_extensions); if that fails,
+or on CPUs without AVX2/FMA, or with ``VERISPEC_KERNELS=0``, everything runs on torch's own ops
+(same int8 results, slower).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 16
+SOURCES = ("attention.cpp", "bf16_gemv.cpp", "int8_linear.cpp", "module.cpp")
 _state: dict[str, object] = {}
 
 
@@ -34,11 +39,13 @@ def _load() -> object | None:
         try:
             from torch.utils.cpp_extension import load
 
-            log.info("loading verispec's bf16 kernel (compiled on first use only: about a minute)")
-            module = load("verispec_bf16_gemv", [str(Path(__file__).with_name("bf16_gemv.cpp"))],
-                          extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"])
+            log.info("loading verispec's kernels (compiled on first use only: about a minute)")
+            sources = [str(Path(__file__).with_name(n)) for n in SOURCES]
+            # -ffp-contract=off: no fused multiply-adds the torch fallback would not also do.
+            module = load("verispec_kernels", sources, extra_ldflags=["-fopenmp"],
+                          extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"])
         except Exception as exc:  # no compiler, no ninja: slower, still correct
-            log.warning("could not compile verispec's bf16 kernel (%s); using torch's bf16 matmul", exc)
+            log.warning("could not compile verispec's kernels (%s); using torch's ops", exc)
     _state["module"] = module
     return module
 
@@ -70,10 +77,48 @@ class Linear(torch.nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
+INVARIANT_ROWS = 64  # passes of at most this many rows (decode, verification) take the row-by-row attention
+
+
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """Causal attention of q [H, T, D] (scaled, rotated) over keys/values [KV, start + T, D]:
+    [T, H * D]. Row t sees positions 0 .. start + t; query head h uses KV head h // (H // KV).
+
+    Up to ``INVARIANT_ROWS`` rows, each row is computed alone in a fixed order (the compiled kernel,
+    or one torch pass per row shaped exactly like a one-token step), so its bits do not depend on how
+    many rows share the pass. Longer passes (prompts) use torch's batched matmuls: faster, and a
+    prompt is processed the same way whether the run is plain or speculative.
+    """
+    H, T, D = q.shape
+    KV = keys.shape[0]
+    if T <= INVARIANT_ROWS:
+        module = _load()
+        if module is not None:
+            return module.causal_attention(q, keys, values, start)
+        return torch.cat([_grouped_attention(q[:, t:t + 1], keys[:, :start + t + 1], values[:, :start + t + 1], None)
+                          for t in range(T)])
+    mask = torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)  # [T, start + T]
+    return _grouped_attention(q, keys, values, mask)
+
+
+def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       mask: torch.Tensor | None) -> torch.Tensor:
+    """Grouped-query attention as batched matmuls over KV groups (cheaper than SDPA for a few rows):
+    query heads j*G .. j*G+G-1 share KV head j, as transformers' repeat_kv lays them out."""
+    H, T, D = q.shape
+    KV = keys.shape[0]
+    grouped = q.reshape(KV, (H // KV) * T, D)  # [KV, G*T, D]
+    scores = torch.bmm(grouped, keys.transpose(1, 2))  # [KV, G*T, S]
+    if mask is not None:
+        scores = scores.view(KV, H // KV, T, -1).masked_fill(~mask, float("-inf")).view(KV, (H // KV) * T, -1)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.bmm(probs, values).view(H, T, D).transpose(0, 1).reshape(T, H * D)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of fp32 activations (one compiled call for decode-sized inputs)."""
     module = _load()
-    if module is not None and x.dtype is weight.dtype is torch.float32 and x.numel() <= MAX_ROWS * 16384:
+    if module is not None and x.dtype is weight.dtype is torch.float32:  # per row: the same bits whatever T
         return module.rms_norm(x, weight, eps)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
@@ -81,7 +126,240 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for a fused [..., 2 * intermediate] projection, gate first."""
     module = _load()
-    if module is not None and gate_up.dtype is torch.float32 and gate_up.numel() <= MAX_ROWS * 65536:
+    if module is not None and gate_up.dtype is torch.float32:
         return module.silu_mul(gate_up)
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+# ------------------------------------------------------------------------------------------------ int8
+
+# The compiled few-row paths: "amx" (Intel AMX tiles: 16 rows x 16 channels x 64 inputs per tile
+# multiply), "vnni" (AVX-512 VNNI; both on weights packed [O/16, I/4, 16, 4]: one load of 16 channels x
+# 4 inputs per step), "vnni-rows" and "avx2" (weights as rows, each read once for up to 4 rows); then
+# torch's _int_mm for many rows.
+INT8_PATHS = ("amx", "vnni", "vnni-rows", "avx2", "intmm")
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row symmetric int8: scale = max|x| / 127, q = round-half-even(x * (127 / max|x|)).
+
+    Rows of zeros get scale 1; a row holding NaN or infinity gets a NaN scale (its products are NaN,
+    which the sampler refuses). Compiled when available; the torch version below gives the same bits.
+    """
+    module = _load()
+    if module is not None:
+        q, scale = module.quantize_rows(x)
+        return q, scale
+    x2 = x.reshape(-1, x.shape[-1]).float()
+    amax = x2.abs().amax(dim=-1)
+    finite = torch.isfinite(x2).all(dim=-1)
+    usable = finite & (amax > 0)
+    inv = torch.where(usable, torch.tensor(127.0) / torch.where(usable, amax, 1.0), 0.0)
+    q = torch.round(torch.nan_to_num(x2, 0.0, 0.0, 0.0) * inv[:, None]).clamp(-127, 127).to(torch.int8)
+    scale = torch.where(usable, amax / 127.0, torch.where(finite, 1.0, float("nan")))
+    return q, scale
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8 of weight [O, I] -> (int8 [O, I], fp32 scale [O], int32 row sums [O])."""
+    w = weight.float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, 1.0)
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous(), q.sum(dim=1, dtype=torch.int32)
+
+
+def int8_paths() -> tuple[str, ...]:
+    """The int8 accumulation paths this machine can run (compiled ones only when the kernels built)."""
+    module = _load()
+    return tuple(module.int8_paths()) if module is not None else ("torch",)
+
+
+def pack_vnni(weight: torch.Tensor) -> torch.Tensor:
+    """int8 [O, I] rows -> [ceil(O/16), I/4, 16, 4], O padded with zero channels to 16s and I with zero
+    inputs to 64s (AMX tiles take 64 inputs at a time): the "amx" and "vnni" paths' layout."""
+    out, inner = weight.shape
+    padded = torch.nn.functional.pad(weight, (0, -inner % 64, 0, -out % 16))
+    return padded.view(padded.shape[0] // 16, 16, padded.shape[1] // 4, 4).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack_vnni(packed: torch.Tensor, out: int, inner: int) -> torch.Tensor:
+    """The inverse of ``pack_vnni``: int8 [O, I] rows."""
+    blocks, steps = packed.shape[:2]
+    return packed.permute(0, 2, 1, 3).reshape(blocks * 16, steps * 4)[:out, :inner].contiguous()
+
+
+def weight_layout(path: str) -> str:
+    return "packed" if path in ("amx", "vnni") else "rows"
+
+
+def int8_accumulate(q: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tensor, path: str) -> torch.Tensor:
+    """int32 accumulators [M, O] of int8 rows q [M, I] against int8 weight (rows [O, I], or packed by
+    ``pack_vnni``; converted to the layout ``path`` reads) on ``path``."""
+    if weight.dim() == 4 and weight_layout(path) == "rows":
+        weight = unpack_vnni(weight, row_sums.numel(), q.shape[1])
+    elif weight.dim() == 2 and weight_layout(path) == "packed":
+        weight = pack_vnni(weight)
+    if path == "torch":
+        return torch._int_mm(q, weight.t())
+    module = _load()
+    if module is None:
+        raise RuntimeError(f"int8 path '{path}' needs the compiled kernels")
+    return module.int8_accumulate(q, weight, row_sums, path)
+
+
+def few_row_path() -> str:
+    """The int8 path for at most ``INVARIANT_ROWS`` rows: ``VERISPEC_INT8_PATH`` if set, else the fastest of
+    this CPU's paths on a decode-sized product, measured once per process. Every path gives the same
+    integers, so the choice changes speed only, never a result."""
+    if "int8_path" in _state:
+        return _state["int8_path"]  # type: ignore[return-value]
+    paths = int8_paths()
+    forced = os.environ.get("VERISPEC_INT8_PATH")
+    if forced:
+        if forced not in paths:
+            from verispec.errors import VerispecError
+
+            raise VerispecError(f"VERISPEC_INT8_PATH={forced} is not one of this machine's int8 paths: "
+                                f"{', '.join(paths)}")
+        chosen = forced
+    elif len(paths) == 1:
+        chosen = paths[0]
+    else:
+        timings = measure_int8_paths(paths)
+        chosen = min(timings, key=timings.get)
+        log.info("int8 path: %s (%s)", chosen, ", ".join(f"{p} {t * 1e3:.2f} ms" for p, t in timings.items()))
+    _state["int8_path"] = chosen
+    return chosen
+
+
+def measure_int8_paths(paths: tuple[str, ...], rows: tuple[int, ...] = (1, 8), out: int = 4096,
+                       inner: int = 1536, repeats: int = 5) -> dict[str, float]:
+    """Median seconds of each path over ``rows`` (summed) on one [out, inner] product (~6 MB of weights)."""
+    import time
+
+    rows_weight = torch.randint(-127, 128, (out, inner), dtype=torch.int8)
+    sums = rows_weight.sum(dim=1, dtype=torch.int32)
+    timings = {}
+    for path in paths:
+        weight = pack_vnni(rows_weight) if weight_layout(path) == "packed" else rows_weight
+        total = 0.0
+        for m in rows:
+            q = torch.randint(-127, 128, (m, inner), dtype=torch.int8)
+            int8_accumulate(q, weight, sums, path)  # warm-up
+            runs = []
+            for _ in range(repeats):
+                begin = time.perf_counter()
+                int8_accumulate(q, weight, sums, path)
+                runs.append(time.perf_counter() - begin)
+            total += sorted(runs)[len(runs) // 2]
+        timings[path] = total
+    return timings
+
+
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, row_sums: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 ``x [..., I]`` through int8 ``weight`` ([O, I] rows, or packed for the "vnni" path) with
+    per-channel ``scale``: per-row int8 activations, int32 sums, then (acc * x_scale) * w_scale (+ bias)
+    in fp32.
+
+    A row's result is the same bits whatever else is in ``x`` and whichever path computed it: up to
+    ``INVARIANT_ROWS`` rows take the compiled path ``few_row_path`` chose, more (a prompt) torch's
+    ``_int_mm``.
+    """
+    rows = x.numel() // x.shape[-1]
+    module = _load()
+    if module is not None:
+        path = few_row_path()
+        if rows > INVARIANT_ROWS and path != "amx":  # AMX tiles are a GEMM kernel too: prompts stay on them
+            path = "intmm"
+        return module.int8_linear(x, weight, scale, row_sums, bias, path)
+    q, x_scale = quantize_rows(x)
+    y = int8_accumulate(q, weight, row_sums, "torch").float() * x_scale[:, None] * scale
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], scale.shape[0])
+
+
+class Int8Linear(torch.nn.Module):
+    """A linear layer with int8 weights (per-output-channel scales) and dynamic per-row int8 activations."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, row_sums: torch.Tensor,
+                 bias: torch.Tensor | None) -> None:
+        """``weight``: int8 [O, I] rows; kept in the layout this machine's few-row path reads."""
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        if _load() is not None and weight_layout(few_row_path()) == "packed":
+            weight = pack_vnni(weight)
+        self.register_buffer("weight", weight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("row_sums", row_sums)
+        self.register_buffer("bias", None if bias is None else bias.float())
+
+    def rows(self) -> torch.Tensor:
+        """The int8 weights as [O, I] rows, whatever the stored layout."""
+        if self.weight.dim() == 2:
+            return self.weight
+        return unpack_vnni(self.weight, self.out_features, self.in_features)
+
+    def dense(self) -> torch.Tensor:
+        """The weights the int8 ones stand for, fp32 [O, I] (what a derived draft, e.g. low rank, starts from)."""
+        return self.rows().float() * self.scale[:, None]
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int8Linear":
+        return cls(*quantize_weight(weight), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_linear(x, self.weight, self.scale, self.row_sums, self.bias)
+
+
+# ------------------------------------------------------------------------------------------------ int4
+
+INT4_GROUPS = (128, 64, 32)  # group sizes along the input, largest that divides it
+
+
+class Int4Linear(torch.nn.Module):
+    """int4 weights (asymmetric, one bf16 scale and zero per group of inputs) through torch's packed
+    int4 kernel with bf16 activations. For drafts only: its rows depend on the batch, which a draft
+    may (the target verifies whatever it proposes), a target may not.
+    """
+
+    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int, out_features: int,
+                 bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", None if bias is None else bias.float())
+        self.group, self.out_features, self.in_features = group, out_features, scales_and_zeros.shape[0] * group
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "Int4Linear | None":
+        """None when no group size divides the input width (the caller keeps another form)."""
+        out, inner = weight.shape
+        group = next((g for g in INT4_GROUPS if inner % g == 0), None)
+        if group is None:
+            return None
+        padded = -(-out // 16) * 16  # the packing wants output channels in sixteens
+        w = torch.cat([weight.float(), weight.new_zeros(padded - out, inner).float()]).view(padded, inner // group, group)
+        low, high = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
+        scale = ((high - low) / 15).clamp(min=1e-8)
+        q = torch.round((w - low) / scale).clamp(0, 15).to(torch.int32).view(padded, inner)
+        zero = low + 8 * scale  # the kernel dequantizes (q - 8) * scale + zero
+        scales_and_zeros = torch.stack([scale.view(padded, -1).t(), zero.view(padded, -1).t()], dim=-1)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        return cls(packed, scales_and_zeros.to(torch.bfloat16).contiguous(), group, out, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group, self.scales_and_zeros)
+        y = y[:, : self.out_features].float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def dense_weight(module: torch.nn.Module) -> torch.Tensor:
+    """A linear layer's [O, I] weights as floats, whether it is float or int8."""
+    return module.dense() if isinstance(module, Int8Linear) else module.weight

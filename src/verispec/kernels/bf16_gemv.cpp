@@ -82,13 +82,16 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   const float* xp = xc.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = xp + r * dim;
-    double sum = 0.0;
-    for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(xr[i]) * xr[i];
-    const float scale = static_cast<float>(1.0 / std::sqrt(sum / dim + eps));
-    for (int64_t i = 0; i < dim; ++i) yp[r * dim + i] = xr[i] * scale * wp[i];
-  }
+  // Rows are independent (a prompt's rows split across threads; a row's bits never depend on them).
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xp + r * dim;
+      double sum = 0.0;
+      for (int64_t i = 0; i < dim; ++i) sum += static_cast<double>(xr[i]) * xr[i];
+      const float scale = static_cast<float>(1.0 / std::sqrt(sum / dim + eps));
+      for (int64_t i = 0; i < dim; ++i) yp[r * dim + i] = xr[i] * scale * wp[i];
+    }
+  });
   return y;
 }
 
@@ -102,16 +105,12 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   auto y = torch::empty(shape, g.options());
   const float* gp = g.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t i = 0; i < half; ++i) {
-      const float a = gp[r * two + i];
-      yp[r * half + i] = a / (1.0f + std::exp(-a)) * gp[r * two + half + i];
-    }
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = gp[r * two + i];
+        yp[r * half + i] = a / (1.0f + std::exp(-a)) * gp[r * two + half + i];
+      }
+  });
   return y;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("bf16_linear", &bf16_linear, "bf16-weight linear for few rows");
-  m.def("rms_norm", &rms_norm, "fp32 RMSNorm");
-  m.def("silu_mul", &silu_mul, "silu(gate) * up");
 }

@@ -15,6 +15,7 @@ from verispec.models import catalogue
 from verispec.models.config import ModelConfig
 from verispec.models.gguf_convert import converted_folder
 from verispec.models.protocol import DecoderModel
+from verispec.models.quantize import check_scheme, quantize_model
 from verispec.models.transformer import Transformer
 
 log = logging.getLogger(__name__)
@@ -76,16 +77,25 @@ def load_tokenizer(folder: Path) -> Any | None:
     return AutoTokenizer.from_pretrained(str(folder))
 
 
-def load_model(source: str | Path, dtype: str | torch.dtype = "float32", backend: str = "native") -> DecoderModel:
+def load_model(source: str | Path, dtype: str | torch.dtype = "float32", backend: str = "native",
+               quantize: str | None = None) -> DecoderModel:
     """Load a causal LM for decoding.
 
     ``source``: a local Hugging Face folder, a ``.gguf`` file (dequantized once and cached), a hub id
     ``org/name``, or a catalogue name (``verispec models``). ``backend="native"`` is verispec's lean
     runtime (Llama, Qwen2, Mistral); ``backend="hf"`` wraps any transformers causal LM.
+
+    ``quantize="int8"`` (native backend) stores the layers' matrices and the LM head in int8 with
+    per-row int8 activations (``verispec.models.quantize``); ``dtype`` then applies to the embedding.
+    Exact speculative decoding is exact with respect to the model as loaded: the int8 model.
     """
     if backend not in BACKENDS:
         raise VerispecError(f"unknown backend '{backend}'; use one of {', '.join(BACKENDS)}")
     torch_dtype = parse_dtype(dtype)
+    scheme = check_scheme(quantize)
+    if scheme is not None and backend == "hf":
+        raise VerispecError(f"quantize='{scheme}' needs the native backend; the hf backend runs transformers' "
+                            "own weights (drop --quantize or use --backend native)")
     folder = resolve_source(source)
     tokenizer = load_tokenizer(folder)
     if backend == "hf":
@@ -93,14 +103,14 @@ def load_model(source: str | Path, dtype: str | torch.dtype = "float32", backend
 
         model = HFModel.from_folder(folder, torch_dtype)
     else:
-        model = load_native(folder, torch_dtype)
+        model = load_native(folder, torch_dtype, scheme, name=str(source))
     # The attributes every ``DecoderModel`` declares: what it is called, its tokenizer, and its folder
     # (where derived data such as low-rank factors is cached).
     model.tokenizer, model.name, model.folder = tokenizer, str(source), folder
     return model
 
 
-def load_native(folder: Path, dtype: torch.dtype) -> Transformer:
+def load_native(folder: Path, dtype: torch.dtype, quantize: str | None = None, name: str | None = None) -> Transformer:
     config = ModelConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
     state = native_state_dict(read_safetensors(folder), config)
     with torch.device("meta"):
@@ -112,7 +122,11 @@ def load_native(folder: Path, dtype: torch.dtype) -> Transformer:
     if missing or unexpected:
         raise VerispecError(f"checkpoint in {folder} does not match its config: missing {missing[:5]}, "
                             f"unexpected {unexpected[:5]}")
-    return model.to_weight_dtype(dtype).eval().requires_grad_(False)
+    model.eval().requires_grad_(False)
+    if quantize is not None:  # from the checkpoint's own weights, before any cast
+        model.folder, model.name = folder, name or str(folder)
+        quantize_model(model, quantize)
+    return model.to_weight_dtype(dtype)
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -100,7 +100,7 @@ class DecoderLayer(nn.Module):
         self.down = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def attention(self, x: torch.Tensor, cache: KVCache, layer: int, start: int, rope: tuple[torch.Tensor, torch.Tensor],
-                  mask: torch.Tensor | None, proj: Projections) -> torch.Tensor:
+                  proj: Projections) -> torch.Tensor:
         T = x.shape[1]  # x: [1, T, hidden]
         H, KV, D = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = proj.qkv(self.attn_norm(x)).view(T, H + 2 * KV, D).transpose(0, 1)  # [H + 2 KV, T, D]
@@ -108,15 +108,8 @@ class DecoderLayer(nn.Module):
         qk = qkv[: H + KV]
         qk = rotate(qk, cos, sin)  # queries and keys rotated together: [H + KV, T, D]
         keys, values = cache.write(layer, start, qk[H:], qkv[H + KV:])  # [KV, start + T, D]
-        # Grouped-query attention as batched matmuls over KV groups (cheaper than SDPA for a few rows):
-        # query heads j*G .. j*G+G-1 share KV head j, as transformers' repeat_kv lays them out.
-        q = (qk[:H] * self.scale).reshape(KV, (H // KV) * T, D)  # [KV, G*T, D]
-        scores = torch.bmm(q, keys.transpose(1, 2))  # [KV, G*T, start + T]
-        if mask is not None:
-            scores = scores.view(KV, H // KV, T, -1).masked_fill(~mask, float("-inf")).view(KV, (H // KV) * T, -1)
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.bmm(probs, values).view(H, T, D).transpose(0, 1).reshape(1, T, H * D)
-        return proj.o(out)  # [1, T, hidden]
+        out = kernels.causal_attention(qk[:H] * self.scale, keys, values, start)  # [T, H * D]
+        return proj.o(out.view(1, T, H * D))  # [1, T, hidden]
 
     def mlp(self, x: torch.Tensor, proj: Projections) -> torch.Tensor:
         return proj.down(kernels.silu_mul(proj.gate_up(self.mlp_norm(x))))  # [1, T, 2 I] -> [1, T, I] -> hidden
@@ -138,6 +131,7 @@ class Transformer(nn.Module):
         self.tokenizer: Any | None = None
         self.name: str = config.name
         self.folder: Path | None = None
+        self.quantization: str | None = None  # "int8" once ``models.quantize`` replaced the matrices
         self._rope_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
@@ -146,11 +140,13 @@ class Transformer(nn.Module):
         return self.embed.weight.dtype
 
     def to_weight_dtype(self, dtype: torch.dtype) -> "Transformer":
-        """Cast matrices to ``dtype``; norm weights and biases stay fp32 like the activations."""
-        self.to(dtype)
+        """Cast matrices to ``dtype``; norm weights and biases stay fp32 like the activations.
+
+        Parameters only: an int8 layer's weights, scales and sums are buffers and keep their types.
+        """
         for name, param in self.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                param.data = param.data.float()
+            keep_fp32 = "norm" in name or name.endswith("bias")
+            param.data = param.data.to(torch.float32 if keep_fp32 else dtype)
         return self
 
     @property
@@ -195,14 +191,11 @@ class Transformer(nn.Module):
         T = hidden.shape[1]  # hidden: [1, T, hidden]
         cache.check_room(start + T)
         rope = self._rope(start, start + T)
-        mask = None
-        if T > 1:  # causal within the new tokens, everything before `start` visible
-            mask = torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)  # [T, start + T]
         for step in steps:
             layer = self.layers[step.index]
             proj = layer if projections is None else projections[step.index]
             if step.attention:
-                hidden = hidden + layer.attention(hidden, cache, step.index, start, rope, mask, proj)
+                hidden = hidden + layer.attention(hidden, cache, step.index, start, rope, proj)
             if step.mlp:
                 hidden = hidden + layer.mlp(hidden, proj)
         return hidden
@@ -225,10 +218,12 @@ class Transformer(nn.Module):
         With bf16 weights, more rows than ``kernels.MAX_ROWS`` go through in chunks of that many: the
         compiled few-row kernel beats torch's bf16 matmul on CPUs without native bf16, and a row's
         result must not depend on how many rows share its pass (greedy speculative output equals
-        plain output). Each chunk attends to the ones before it through the cache.
+        plain output). Each chunk attends to the ones before it through the cache. int8 matrices
+        need no chunks: integer sums give the same bits whatever the number of rows.
         """
         T = hidden.shape[1]
-        chunk = kernels.MAX_ROWS if self.dtype is torch.bfloat16 and kernels.available() else T
+        bf16_kernel = self.quantization is None and self.dtype is torch.bfloat16 and kernels.available()
+        chunk = kernels.MAX_ROWS if bf16_kernel else T
         outputs = []
         for begin in range(0, T, chunk):
             part = self.run_layers(hidden[:, begin:begin + chunk], cache, start + begin, steps)

@@ -1,0 +1,480 @@
+// y[M, O] = x[M, I] @ w[O, I]^T with int8 weights (one fp32 scale per output channel) and int8
+// activations (one fp32 scale per row, computed here), int32 accumulation, fp32 rescale.
+//
+// Why integers: an int32 sum is the same whatever order it is added in, so a row's result does not
+// depend on how many other rows share the call or which code path ran it. Rows verified together
+// equal rows decoded one at a time, bit for bit — which is what makes greedy speculative output
+// identical to plain greedy output — and every path below (AVX-512 VNNI, AVX2, torch's _int_mm for
+// many rows) gives the same bits, so the fastest can be chosen by measurement on the machine.
+//
+// The few-row paths read each weight row once for up to 4 input rows at a time (the weights of a
+// block of 4 output channels then stay in L1 for the next rows), so M = 16 costs little more than
+// one memory pass over the weights.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <array>
+#include <limits>
+#include <utility>
+
+namespace {
+
+constexpr int64_t kBlock = 4;  // output channels per block (weights read once per block)
+
+// ------------------------------------------------------------------------------------------ quantize
+
+// Symmetric per-row quantization: scale = max|x| / 127, q = round-half-even(x * 127 / max|x|).
+// A row holding NaN or infinity gets a NaN scale, so the product's row is NaN (never garbage).
+void quantize_rows_impl(const float* x, int64_t rows, int64_t in, int8_t* q, float* scale) {
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * in;
+      int8_t* qr = q + r * in;
+      float amax = 0.f;
+      bool finite = true;
+      for (int64_t i = 0; i < in; ++i) {
+        finite &= std::isfinite(xr[i]);
+        amax = std::max(amax, std::fabs(xr[i]));
+      }
+      if (!finite || amax == 0.f) {
+        std::fill(qr, qr + in, int8_t{0});
+        scale[r] = finite ? 1.f : std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      const float inv = 127.f / amax;
+      scale[r] = amax / 127.f;
+      for (int64_t i = 0; i < in; ++i) {
+        const float v = std::nearbyint(xr[i] * inv);
+        qr[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+      }
+    }
+  });
+}
+
+// ------------------------------------------------------------------- AVX-512 VNNI path, weights as rows
+
+// vpdpbusd multiplies unsigned by signed bytes: the activations go in as q + 128, and 128 * sum(w)
+// (precomputed per channel) is subtracted at the end. Tails use masked loads (zeros add nothing).
+template <int NR, int NO>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) inline void tile_vnni(
+    const uint8_t* xu, const int8_t* w, const int32_t* wsum, int64_t in, int64_t r0, int64_t o,
+    int32_t* acc, int64_t out) {
+  __m512i a[NR][NO];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NO; ++j) a[r][j] = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 64 <= in; i += 64) {
+    __m512i wv[NO];
+    for (int j = 0; j < NO; ++j) wv[j] = _mm512_loadu_si512(w + (o + j) * in + i);
+    for (int r = 0; r < NR; ++r) {
+      const __m512i xv = _mm512_loadu_si512(xu + (r0 + r) * in + i);
+      for (int j = 0; j < NO; ++j) a[r][j] = _mm512_dpbusd_epi32(a[r][j], xv, wv[j]);
+    }
+  }
+  if (i < in) {
+    const __mmask64 m = ~0ULL >> (64 - (in - i));
+    __m512i wv[NO];
+    for (int j = 0; j < NO; ++j) wv[j] = _mm512_maskz_loadu_epi8(m, w + (o + j) * in + i);
+    for (int r = 0; r < NR; ++r) {
+      const __m512i xv = _mm512_maskz_loadu_epi8(m, xu + (r0 + r) * in + i);
+      for (int j = 0; j < NO; ++j) a[r][j] = _mm512_dpbusd_epi32(a[r][j], xv, wv[j]);
+    }
+  }
+  if constexpr (NO == 4) {
+    // Four channels' sums at once: interleave and add (integers: the order changes nothing).
+    const __m128i bias = _mm_mullo_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wsum + o)), _mm_set1_epi32(128));
+    for (int r = 0; r < NR; ++r) {
+      const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[r][0], a[r][1]), _mm512_unpackhi_epi32(a[r][0], a[r][1]));
+      const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[r][2], a[r][3]), _mm512_unpackhi_epi32(a[r][2], a[r][3]));
+      const __m512i s = _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
+      const __m256i h = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+      const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(acc + (r0 + r) * out + o), _mm_sub_epi32(q, bias));
+    }
+  } else {
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < NO; ++j) acc[(r0 + r) * out + o + j] = _mm512_reduce_add_epi32(a[r][j]) - 128 * wsum[o + j];
+  }
+}
+
+template <int NO>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void block_vnni(
+    const uint8_t* xu, const int8_t* w, const int32_t* wsum, int64_t rows, int64_t in, int64_t o, int32_t* acc,
+    int64_t out) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) tile_vnni<4, NO>(xu, w, wsum, in, r, o, acc, out);
+  switch (rows - r) {
+    case 3: tile_vnni<3, NO>(xu, w, wsum, in, r, o, acc, out); break;
+    case 2: tile_vnni<2, NO>(xu, w, wsum, in, r, o, acc, out); break;
+    case 1: tile_vnni<1, NO>(xu, w, wsum, in, r, o, acc, out); break;
+    default: break;
+  }
+}
+
+// ------------------------------------------------------------------------- AVX-512 VNNI, packed weights
+
+// Weights packed as [O/16][I/4][16][4] (``pack_vnni`` in kernels/__init__.py): one 64-byte load holds
+// 4 consecutive inputs of 16 output channels, and each activation row contributes its 4 bytes by a
+// broadcast. R rows (R <= 16) keep one accumulator of 16 channels each, so the weights are read once
+// for all of them and no horizontal sums are needed. Short row counts split the inputs over several
+// accumulator sets, so dependent vpdpbusd chains do not stall.
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) void packed_tile(
+    const uint8_t* xu, int64_t i4, int64_t r0, const int8_t* wb, int64_t kbs, const int32_t* wsum16,
+    int32_t* acc, int64_t out, int64_t o0, __mmask16 valid) {
+  constexpr int S = R <= 4 ? 4 : R <= 8 ? 2 : 1;
+  __m512i a[S][R];
+  for (int s = 0; s < S; ++s)
+    for (int r = 0; r < R; ++r) a[s][r] = _mm512_setzero_si512();
+  const uint8_t* xr[R];
+  for (int r = 0; r < R; ++r) xr[r] = xu + (r0 + r) * i4;
+  auto word = [](const uint8_t* p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+  };
+  int64_t kb = 0;
+  for (; kb + S <= kbs; kb += S)
+    for (int s = 0; s < S; ++s) {
+      const __m512i wv = _mm512_loadu_si512(wb + (kb + s) * 64);
+      for (int r = 0; r < R; ++r)
+        a[s][r] = _mm512_dpbusd_epi32(a[s][r], _mm512_set1_epi32(word(xr[r] + (kb + s) * 4)), wv);
+    }
+  for (; kb < kbs; ++kb) {
+    const __m512i wv = _mm512_loadu_si512(wb + kb * 64);
+    for (int r = 0; r < R; ++r) a[0][r] = _mm512_dpbusd_epi32(a[0][r], _mm512_set1_epi32(word(xr[r] + kb * 4)), wv);
+  }
+  const __m512i bias = _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(valid, wsum16), _mm512_set1_epi32(128));
+  for (int r = 0; r < R; ++r) {
+    __m512i total = a[0][r];
+    for (int s = 1; s < S; ++s) total = _mm512_add_epi32(total, a[s][r]);
+    _mm512_mask_storeu_epi32(acc + (r0 + r) * out + o0, valid, _mm512_sub_epi32(total, bias));
+  }
+}
+
+using PackedTile = void (*)(const uint8_t*, int64_t, int64_t, const int8_t*, int64_t, const int32_t*, int32_t*,
+                            int64_t, int64_t, __mmask16);
+
+template <int... Rs>
+constexpr std::array<PackedTile, sizeof...(Rs)> packed_tiles(std::integer_sequence<int, Rs...>) {
+  return {&packed_tile<Rs + 1>...};
+}
+
+// --------------------------------------------------------------------------------------- AMX path
+
+// Intel AMX (Sapphire Rapids and later): a tile multiply does 16 rows x 16 channels x 64 inputs at
+// once, so 16 rows cost about what one does and verification is bound by reading the weights, not by
+// arithmetic. The packed layout above is exactly the B-tile layout when the inputs are padded to a
+// multiple of 64: 16 steps of [16 channels][4 inputs] = one 1 KB tile. Activations (q + 128) form the
+// A tile, 16 rows (padded with zero activations) x 64 bytes; 4 channel blocks share each A tile.
+bool has_amx() {
+  static const bool yes = [] {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool tile = (d >> 24) & 1, int8 = (d >> 25) & 1;
+    if (!tile || !int8) return false;
+    constexpr long kReqPerm = 0x1023, kXtiledata = 18;  // Linux: ask for the tile state once per process
+    return syscall(SYS_arch_prctl, kReqPerm, kXtiledata) == 0;
+  }();
+  return yes;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+template <int NB>
+__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void amx_group(
+    const uint8_t* xu, int64_t i64, int64_t row_tiles, const int8_t* wp, int64_t block0, int64_t kbs,
+    const int32_t* wsum, int32_t* acc, int64_t rows, int64_t out) {
+  alignas(64) int32_t c[16 * 16];
+  const int64_t steps = kbs / 16;
+  for (int64_t rt = 0; rt < row_tiles; ++rt) {
+    const uint8_t* xa = xu + rt * 16 * i64;
+    _tile_zero(0);
+    if (NB > 1) { _tile_zero(1); _tile_zero(2); _tile_zero(3); }
+    for (int64_t k = 0; k < steps; ++k) {
+      _tile_loadd(4, xa + k * 64, i64);
+      _tile_loadd(5, wp + ((block0 + 0) * kbs + k * 16) * 64, 64);
+      _tile_dpbusd(0, 4, 5);
+      if (NB > 1) {
+        _tile_loadd(6, wp + ((block0 + 1) * kbs + k * 16) * 64, 64);
+        _tile_dpbusd(1, 4, 6);
+        _tile_loadd(5, wp + ((block0 + 2) * kbs + k * 16) * 64, 64);
+        _tile_dpbusd(2, 4, 5);
+        _tile_loadd(6, wp + ((block0 + 3) * kbs + k * 16) * 64, 64);
+        _tile_dpbusd(3, 4, 6);
+      }
+    }
+    for (int nb = 0; nb < NB; ++nb) {
+      switch (nb) {
+        case 0: _tile_stored(0, c, 64); break;
+        case 1: _tile_stored(1, c, 64); break;
+        case 2: _tile_stored(2, c, 64); break;
+        default: _tile_stored(3, c, 64); break;
+      }
+      const int64_t o0 = (block0 + nb) * 16, n = std::min<int64_t>(16, out - o0);
+      const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+      const __m512i bias = _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(valid, wsum + o0), _mm512_set1_epi32(128));
+      for (int64_t r = 0; r < 16 && rt * 16 + r < rows; ++r)
+        _mm512_mask_storeu_epi32(acc + (rt * 16 + r) * out + o0, valid,
+                                 _mm512_sub_epi32(_mm512_load_si512(c + r * 16), bias));
+    }
+  }
+}
+
+__attribute__((target("amx-tile,amx-int8"))) void amx_configure() {
+  TileConfig cfg;
+  for (int t = 0; t < 4; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }  // C: 16 rows x 16 int32
+  cfg.rows[4] = 16; cfg.colsb[4] = 64;                                  // A: 16 rows x 64 bytes
+  cfg.rows[5] = cfg.rows[6] = 16; cfg.colsb[5] = cfg.colsb[6] = 64;     // B: 16 x (16 channels x 4)
+  // GCC 12 does not see that ldtilecfg reads all 64 bytes and drops the stores above without this.
+  __asm__ __volatile__("" : : "r"(&cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+
+__attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
+
+// ------------------------------------------------------------------------------------------ AVX2 path
+
+// vpmaddubsw multiplies unsigned by signed bytes into saturating int16 pairs: |x| times w with x's
+// sign moved onto w keeps every pair within 2 * 127 * 127 < 32767 (weights and activations lie in
+// [-127, 127]), so nothing saturates. Tails go scalar.
+inline int32_t hsum_avx2(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+template <int NR, int NO>
+inline void tile_avx2(const int8_t* xq, const int8_t* w, int64_t in, int64_t r0, int64_t o, int32_t* acc,
+                      int64_t out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i a[NR][NO];
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NO; ++j) a[r][j] = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 32 <= in; i += 32) {
+    __m256i wv[NO];
+    for (int j = 0; j < NO; ++j) wv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (o + j) * in + i));
+    for (int r = 0; r < NR; ++r) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + (r0 + r) * in + i));
+      const __m256i xa = _mm256_abs_epi8(xv);
+      for (int j = 0; j < NO; ++j) {
+        const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(wv[j], xv));
+        a[r][j] = _mm256_add_epi32(a[r][j], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+  }
+  if constexpr (NO == 4) {
+    if (i == in) {  // no scalar tail: four channels' sums at once
+      for (int r = 0; r < NR; ++r) {
+        const __m256i s01 = _mm256_hadd_epi32(a[r][0], a[r][1]);
+        const __m256i s23 = _mm256_hadd_epi32(a[r][2], a[r][3]);
+        const __m256i s = _mm256_hadd_epi32(s01, s23);
+        const __m128i q = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(acc + (r0 + r) * out + o), q);
+      }
+      return;
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int j = 0; j < NO; ++j) {
+      int32_t s = hsum_avx2(a[r][j]);
+      for (int64_t t = i; t < in; ++t) s += int32_t{xq[(r0 + r) * in + t]} * int32_t{w[(o + j) * in + t]};
+      acc[(r0 + r) * out + o + j] = s;
+    }
+}
+
+template <int NO>
+void block_avx2(const int8_t* xq, const int8_t* w, int64_t rows, int64_t in, int64_t o, int32_t* acc, int64_t out) {
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) tile_avx2<2, NO>(xq, w, in, r, o, acc, out);
+  if (r < rows) tile_avx2<1, NO>(xq, w, in, r, o, acc, out);
+}
+
+bool has_vnni() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return yes;
+}
+
+bool has_avx2() {
+  static const bool yes = __builtin_cpu_supports("avx2");
+  return yes;
+}
+
+// int32 accumulators [rows, out] of q [rows, in] against w [out, in] on the named path.
+torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const torch::Tensor& wsum,
+                         const std::string& path) {
+  const int64_t rows = q.size(0), in = q.size(1), out = wsum.size(0);
+  if (w.dim() == 4) {  // packed [O/16, I/4, 16, 4]: the VNNI layout
+    const int64_t blocks = w.size(0), kbs = w.size(1), i4 = kbs * 4;
+    if (path == "intmm") {  // many rows: back to rows [O, I] for torch's int8 GEMM
+      auto rows_major = w.permute({0, 2, 1, 3}).reshape({blocks * 16, i4}).slice(0, 0, out).slice(1, 0, in);
+      return at::_int_mm(q, rows_major.t());
+    }
+    if (path == "amx") {
+      TORCH_CHECK(has_amx() && kbs % 16 == 0, "AMX needs the CPU's tiles and inputs packed in 64s");
+      const int64_t row_tiles = (rows + 15) / 16;
+      auto acc = torch::empty({rows, out}, q.options().dtype(torch::kInt32));
+      auto xu = torch::full({row_tiles * 16, i4}, 128, q.options().dtype(torch::kUInt8));
+      const uint8_t* qp = reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>());
+      uint8_t* xup = xu.data_ptr<uint8_t>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < in; ++i) xup[r * i4 + i] = qp[r * in + i] ^ 0x80;
+      const int8_t* wp = w.data_ptr<int8_t>();
+      const int32_t* sp = wsum.data_ptr<int32_t>();
+      int32_t* ap = acc.data_ptr<int32_t>();
+      const int64_t groups = (blocks + 3) / 4;
+      at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
+        amx_configure();  // tile state is per thread
+        for (int64_t g = g0; g < g1; ++g) {
+          const int64_t b = g * 4;
+          if (b + 4 <= blocks) amx_group<4>(xup, i4, row_tiles, wp, b, kbs, sp, ap, rows, out);
+          else
+            for (int64_t bb = b; bb < blocks; ++bb) amx_group<1>(xup, i4, row_tiles, wp, bb, kbs, sp, ap, rows, out);
+        }
+        amx_release();
+      });
+      return acc;
+    }
+    TORCH_CHECK(path == "vnni" && has_vnni(), "packed int8 weights need the AVX-512 VNNI or AMX path");
+    auto acc = torch::empty({rows, out}, q.options().dtype(torch::kInt32));
+    auto xu = torch::full({rows, i4}, 128, q.options().dtype(torch::kUInt8));  // q + 128; padding: zero activations
+    const uint8_t* qp = reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>());
+    uint8_t* xup = xu.data_ptr<uint8_t>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < in; ++i) xup[r * i4 + i] = qp[r * in + i] ^ 0x80;
+    static constexpr auto tiles = packed_tiles(std::make_integer_sequence<int, 16>{});
+    const int8_t* wp = w.data_ptr<int8_t>();
+    const int32_t* sp = wsum.data_ptr<int32_t>();
+    int32_t* ap = acc.data_ptr<int32_t>();
+    at::parallel_for(0, blocks, 4, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t o0 = b * 16, n = std::min<int64_t>(16, out - o0);
+        const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
+        for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+          const int64_t tile = std::min<int64_t>(16, rows - r0);
+          tiles[tile - 1](xup, i4, r0, wp + b * kbs * 64, kbs, sp + o0, ap, out, o0, valid);
+        }
+      }
+    });
+    return acc;
+  }
+  if (path == "intmm") return at::_int_mm(q, w.t());
+  auto acc = torch::empty({rows, out}, q.options().dtype(torch::kInt32));
+  int32_t* ap = acc.data_ptr<int32_t>();
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const int64_t blocks = (out + kBlock - 1) / kBlock;
+  if (path == "vnni-rows") {
+    TORCH_CHECK(has_vnni(), "this CPU lacks AVX-512 VNNI");
+    auto xu = torch::empty({rows, in}, q.options().dtype(torch::kUInt8));  // q + 128 as unsigned bytes
+    const uint8_t* qp = reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>());
+    uint8_t* xup = xu.data_ptr<uint8_t>();
+    for (int64_t i = 0; i < rows * in; ++i) xup[i] = qp[i] ^ 0x80;
+    const uint8_t* xp = xup;
+    const int32_t* sp = wsum.data_ptr<int32_t>();
+    at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t o = b * kBlock;
+        if (o + kBlock <= out) block_vnni<kBlock>(xp, wp, sp, rows, in, o, ap, out);
+        else
+          for (int64_t c = o; c < out; ++c) block_vnni<1>(xp, wp, sp, rows, in, c, ap, out);
+      }
+    });
+  } else if (path == "avx2") {
+    TORCH_CHECK(has_avx2(), "this CPU lacks AVX2");
+    const int8_t* xp = q.data_ptr<int8_t>();
+    at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t o = b * kBlock;
+        if (o + kBlock <= out) block_avx2<kBlock>(xp, wp, rows, in, o, ap, out);
+        else
+          for (int64_t c = o; c < out; ++c) block_avx2<1>(xp, wp, rows, in, c, ap, out);
+      }
+    });
+  } else {
+    TORCH_CHECK(false, "unknown int8 path '", path, "'");
+  }
+  return acc;
+}
+
+}  // namespace
+
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
+  auto x2 = x.reshape({-1, x.size(-1)}).to(torch::kFloat32).contiguous();
+  const int64_t rows = x2.size(0), in = x2.size(1);
+  auto q = torch::empty({rows, in}, x2.options().dtype(torch::kInt8));
+  auto scale = torch::empty({rows}, x2.options());
+  quantize_rows_impl(x2.data_ptr<float>(), rows, in, q.data_ptr<int8_t>(), scale.data_ptr<float>());
+  return {q, scale};
+}
+
+std::vector<std::string> int8_paths() {
+  std::vector<std::string> paths;
+  if (has_amx()) paths.push_back("amx");
+  if (has_vnni()) {
+    paths.push_back("vnni");
+    paths.push_back("vnni-rows");
+  }
+  if (has_avx2()) paths.push_back("avx2");
+  paths.push_back("intmm");
+  return paths;
+}
+
+torch::Tensor int8_accumulate(torch::Tensor q, torch::Tensor w, torch::Tensor wsum, std::string path) {
+  TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.dim() == 2 && q.is_contiguous(), "q: contiguous int8 [M, I]");
+  TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.is_contiguous(), "w: contiguous int8");
+  if (w.dim() == 2) {
+    TORCH_CHECK(w.size(1) == q.size(1) && wsum.numel() == w.size(0), "w: [O, I] rows");
+  } else {
+    TORCH_CHECK(w.dim() == 4 && w.size(2) == 16 && w.size(3) == 4 && w.size(1) * 4 >= q.size(1) &&
+                w.size(0) * 16 >= wsum.numel(), "w: packed [O/16, I/4, 16, 4]");
+  }
+  TORCH_CHECK(wsum.scalar_type() == torch::kInt32 && wsum.is_contiguous(), "wsum: int32 [O]");
+  return accumulate(q, w, wsum, path);
+}
+
+// The whole product: quantize the rows, accumulate on ``path``, y = (acc * x_scale) * w_scale (+ bias),
+// the same fp32 operations in the same order as the torch fallback in kernels/__init__.py.
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
+                          c10::optional<torch::Tensor> bias, std::string path) {
+  const int64_t out = wsum.numel();
+  auto quantized = quantize_rows(x);
+  auto acc = int8_accumulate(quantized[0], w, wsum, path).contiguous();
+  const int64_t rows = acc.size(0);
+  auto y = torch::empty({rows, out}, quantized[1].options());
+  const int32_t* ap = acc.data_ptr<int32_t>();
+  const float* xs = quantized[1].data_ptr<float>();
+  auto ws_c = w_scale.to(torch::kFloat32).contiguous();
+  const float* ws = ws_c.data_ptr<float>();
+  torch::Tensor b_c;
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    b_c = bias->to(torch::kFloat32).contiguous();
+    bp = b_c.data_ptr<float>();
+  }
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        float v = static_cast<float>(ap[r * out + o]) * xs[r];
+        v = v * ws[o];
+        if (bp) v = v + bp[o];
+        yp[r * out + o] = v;
+      }
+  });
+  auto shape = x.sizes().vec();
+  shape.back() = out;
+  return y.view(shape);
+}
