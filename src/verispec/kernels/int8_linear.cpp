@@ -313,6 +313,18 @@ bool has_avx2() {
   return yes;
 }
 
+// The activations as vpdpbusd / AMX read them: q + 128 as unsigned bytes, in a [padded_rows, width]
+// buffer whose padding (rows past q's, columns past its width) holds 128, a zero activation.
+torch::Tensor shifted_activations(const torch::Tensor& q, int64_t padded_rows, int64_t width) {
+  const int64_t rows = q.size(0), in = q.size(1);
+  auto xu = torch::full({padded_rows, width}, 128, q.options().dtype(torch::kUInt8));
+  const uint8_t* qp = reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>());
+  uint8_t* xup = xu.data_ptr<uint8_t>();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < in; ++i) xup[r * width + i] = qp[r * in + i] ^ 0x80;
+  return xu;
+}
+
 // int32 accumulators [rows, out] of q [rows, in] against w [out, in] on the named path.
 torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const torch::Tensor& wsum,
                          const std::string& path) {
@@ -327,11 +339,8 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
       TORCH_CHECK(has_amx() && kbs % 16 == 0, "AMX needs the CPU's tiles and inputs packed in 64s");
       const int64_t row_tiles = (rows + 15) / 16;
       auto acc = torch::empty({rows, out}, q.options().dtype(torch::kInt32));
-      auto xu = torch::full({row_tiles * 16, i4}, 128, q.options().dtype(torch::kUInt8));
-      const uint8_t* qp = reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>());
-      uint8_t* xup = xu.data_ptr<uint8_t>();
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t i = 0; i < in; ++i) xup[r * i4 + i] = qp[r * in + i] ^ 0x80;
+      auto xu = shifted_activations(q, row_tiles * 16, i4);
+      const uint8_t* xup = xu.data_ptr<uint8_t>();
       const int8_t* wp = w.data_ptr<int8_t>();
       const int32_t* sp = wsum.data_ptr<int32_t>();
       int32_t* ap = acc.data_ptr<int32_t>();
@@ -350,11 +359,8 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
     }
     TORCH_CHECK(path == "vnni" && has_vnni(), "packed int8 weights need the AVX-512 VNNI or AMX path");
     auto acc = torch::empty({rows, out}, q.options().dtype(torch::kInt32));
-    auto xu = torch::full({rows, i4}, 128, q.options().dtype(torch::kUInt8));  // q + 128; padding: zero activations
-    const uint8_t* qp = reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>());
-    uint8_t* xup = xu.data_ptr<uint8_t>();
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t i = 0; i < in; ++i) xup[r * i4 + i] = qp[r * in + i] ^ 0x80;
+    auto xu = shifted_activations(q, rows, i4);
+    const uint8_t* xup = xu.data_ptr<uint8_t>();
     static constexpr auto tiles = packed_tiles(std::make_integer_sequence<int, 16>{});
     const int8_t* wp = w.data_ptr<int8_t>();
     const int32_t* sp = wsum.data_ptr<int32_t>();
@@ -378,11 +384,8 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
   const int64_t blocks = (out + kBlock - 1) / kBlock;
   if (path == "vnni-rows") {
     TORCH_CHECK(has_vnni(), "this CPU lacks AVX-512 VNNI");
-    auto xu = torch::empty({rows, in}, q.options().dtype(torch::kUInt8));  // q + 128 as unsigned bytes
-    const uint8_t* qp = reinterpret_cast<const uint8_t*>(q.data_ptr<int8_t>());
-    uint8_t* xup = xu.data_ptr<uint8_t>();
-    for (int64_t i = 0; i < rows * in; ++i) xup[i] = qp[i] ^ 0x80;
-    const uint8_t* xp = xup;
+    auto xu = shifted_activations(q, rows, in);
+    const uint8_t* xp = xu.data_ptr<uint8_t>();
     const int32_t* sp = wsum.data_ptr<int32_t>();
     at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
