@@ -91,6 +91,20 @@ def _drafter_flags(kwargs: dict[str, Any]) -> dict[str, Any]:
     return flags
 
 
+def _drafter_choice(flags: dict[str, Any], k: str | None) -> Any:
+    """The one drafter the flags select (a ``DrafterChoice``), or None; every value checked."""
+    from verispec.drafters.registry import choices_from_flags, parse_drafter
+
+    choices = choices_from_flags(flags, k) + [parse_drafter(text) for text in flags["--drafter"]]
+    if len(choices) > 1:
+        raise VerispecError(f"choose one draft source, not {' and '.join(c.name for c in choices)}")
+    if k is not None and not choices:
+        raise VerispecError("-k sets the candidate length of a drafter: add one (--draft, --prompt-lookup, ...)")
+    if k is not None and flags["--drafter"]:
+        raise VerispecError("--drafter carries its own K (NAME:...,k=N); drop -k")
+    return choices[0] if choices else None
+
+
 def sampling_options(func: Callable) -> Callable:
     options = [
         click.option("--temperature", "-t", default=0.0, show_default=True, type=float,
@@ -126,22 +140,13 @@ def generate(prompt: str, model: str, dtype: str, backend: str, quantize: str | 
     """Generate a continuation of PROMPT: plain, or speculative with one draft source."""
     from verispec.acceptance import parse_rule
     from verispec.commands import GenerateRequest, result_record, start_generate
-    from verispec.drafters.registry import choices_from_flags, parse_drafter
     from verispec.sampling import SamplingConfig
 
-    flags = _drafter_flags(drafter_flags)
-    # Everything the user typed is checked before any model loads.
-    choices = choices_from_flags(flags, k) + [parse_drafter(text) for text in flags["--drafter"]]
-    if len(choices) > 1:
-        raise VerispecError(f"choose one draft source, not {' and '.join(c.name for c in choices)}")
-    if k is not None and not choices:
-        raise VerispecError("-k sets the candidate length of a drafter: add one (--draft, --prompt-lookup, ...)")
-    if k is not None and flags["--drafter"]:
-        raise VerispecError("--drafter carries its own K (NAME:...,k=N); drop -k")
+    choice = _drafter_choice(_drafter_flags(drafter_flags), k)  # checked before any model loads
     parse_rule(acceptance)
     request = GenerateRequest(prompt=prompt, model=model, dtype=dtype, backend=backend, quantize=quantize, threads=threads,
                               sampling=SamplingConfig(temperature, top_k, top_p, seed), max_new_tokens=max_new_tokens,
-                              chat=chat, stop=stop, drafter=choices[0] if choices else None, acceptance=acceptance)
+                              chat=chat, stop=stop, drafter=choice, acceptance=acceptance)
     run = start_generate(request)
     stream = stream and not as_json
     for step in run:
@@ -297,6 +302,55 @@ def bench(config: str | None, target: str | None, dtype: str | None, quantize: t
         click.echo(f"report: {render_report(path)}")
     else:
         click.echo(f"results: {path} (render with `verispec report {path}`)")
+
+
+@main.command()
+@model_options
+@drafter_options
+@click.option("-k", "--num-candidates", "k", default=None, help="Candidate length K of the server's drafter.")
+@click.option("--plain", is_flag=True, help="Serve without speculation (requests may still name a drafter).")
+@click.option("--acceptance", default="exact", show_default=True,
+              help="The rule for requests that name none: exact, or an APPROXIMATE one (lenient:L, typical:EPS, topk:K).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on. Anything but a loopback address exposes the server to the network: "
+                   "set --api-key.")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="TCP port (0: any free).")
+@click.option("--api-key", default=None, envvar="VERISPEC_API_KEY",
+              help="Require 'Authorization: Bearer KEY' on /v1/* and /metrics (or set VERISPEC_API_KEY).")
+@click.option("--max-queue", default=64, show_default=True, type=click.IntRange(min=0),
+              help="Requests that may wait while one decodes; more are answered 429 with Retry-After.")
+@click.option("--max-tokens", "default_max_tokens", default=512, show_default=True, type=click.IntRange(min=1),
+              help="Tokens a chat request may generate when it sets no max_tokens (capped by the context).")
+@click.option("--shutdown-timeout", default=30.0, show_default=True, type=click.FloatRange(min=0),
+              help="On SIGTERM, seconds the running request may take to finish before it is cut.")
+@_errors_to_messages
+def serve(model: str, dtype: str, backend: str, quantize: str | None, threads: int | None, k: str | None, plain: bool,
+          acceptance: str, host: str, port: int, api_key: str | None, max_queue: int, default_max_tokens: int,
+          shutdown_timeout: float, **drafter_flags: Any) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
+    /v1/models, /health, /metrics), with speculative decoding and what it did reported per request.
+
+    With no arguments: the default model in int8 with the demo's drafter (prompt lookup) on
+    127.0.0.1:8000. Requests are decoded one at a time from a bounded queue.
+    """
+    from verispec.acceptance import parse_rule
+    from verispec.commands import DEMO_DRAFTER, DEMO_QUANTIZE
+    from verispec.server import EngineConfig, ServeConfig, serve as run_server
+
+    choice = _drafter_choice(_drafter_flags(drafter_flags), k)
+    if plain and choice is not None:
+        raise VerispecError("--plain serves without a drafter: drop the drafter flags (or --plain)")
+    parse_rule(acceptance)
+    if quantize is None and backend == "native":
+        quantize = DEMO_QUANTIZE
+    config = ServeConfig(model=model, dtype=dtype, backend=backend, quantize=None if quantize == "none" else quantize,
+                         threads=threads, drafter=None if plain else choice or DEMO_DRAFTER, acceptance=acceptance,
+                         host=host, port=port, api_key=api_key, shutdown_seconds=shutdown_timeout,
+                         engine=EngineConfig(max_queue=max_queue, default_max_tokens=default_max_tokens))
+    drafter = config.drafter.as_text() if config.drafter is not None else "none (plain decoding)"
+    click.echo(f"loading {model} ({config.quantize or dtype}; drafter {drafter}) ...", err=True)
+    run_server(config, on_ready=lambda url: click.echo(f"serving {model} on {url} (OpenAI API at {url}/v1; "
+                                                      "Ctrl-C or SIGTERM stops)", err=True))
 
 
 @main.command()

@@ -96,12 +96,24 @@ class _Text:
         cuts = [text.find(s) for s in self.stop if s in text]
         return text[: min(cuts)] if cuts else text
 
-    def delta(self) -> str:
+    def delta(self, final: bool = False) -> str:
+        """The text added since the last call. Until the run ends (``final``), an incomplete multi-byte
+        character and any end of the text that could still grow into a stop string are held back, so a
+        stream never shows part of a stop string that the final text then cuts."""
         text = self.full()
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+        if not final:
+            if text.endswith("\ufffd"):
+                return ""
+            text = text[: len(text) - self._stop_prefix(text)]
+        if len(text) <= len(self.emitted):
             return ""
         new, self.emitted = text[len(self.emitted):], text
         return new
+
+    def _stop_prefix(self, text: str) -> int:
+        """Length of the longest end of ``text`` that is the beginning of a stop string."""
+        return max((n for s in self.stop for n in range(min(len(s) - 1, len(text)), 0, -1)
+                    if text.endswith(s[:n])), default=0)
 
 
 def _token_ids(input_ids: Any) -> list[int]:
@@ -197,7 +209,7 @@ class Generation:
         chosen = rows.gather(1, torch.tensor(kept).view(-1, 1)).squeeze(1) - rows.logsumexp(-1)
         self.target_logprobs.extend(chosen.tolist())
         self.stats.new_tokens = len(self.new_ids)
-        text = self.text.delta() if self.text.tokenizer is not None else ""
+        text = self.text.delta(final=self.finish_reason is not None) if self.text.tokenizer is not None else ""
         return Step(kept, text, drafted, min(accepted, len(kept)))  # drafts cut by a stop were never emitted
 
     def __iter__(self) -> Iterator[Step]:

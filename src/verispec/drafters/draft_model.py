@@ -123,4 +123,5 @@ SPEC = DrafterSpec(
                                         k=SPEC_DEFAULT_K if k is None else k),
     describe=lambda p, target: f"{p['draft']}{_quantized(p)} -> {target}",
     default_k=SPEC_DEFAULT_K, model_params=("draft",),
+    per_request=False,
 )

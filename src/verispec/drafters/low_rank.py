@@ -182,4 +182,5 @@ SPEC = DrafterSpec(
     ),
     build=lambda p, k, load: LowRank(**p, k=k),
     describe=_describe,
+    per_request=False,
 )

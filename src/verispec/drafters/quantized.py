@@ -89,4 +89,5 @@ SPEC = DrafterSpec(
                   required=True, flag="--quantized-draft", selects=True, minimum=4),),
     build=lambda p, k, load: QuantizedDraft(p["bits"], k=k),
     describe=lambda p, target: f"{target} drafting with its own int{p['bits']} weights",
+    per_request=False,
 )

@@ -44,11 +44,16 @@ class Param:
     bounds: tuple[float, float] | None = None
     choices: tuple[str, ...] | None = None  # the values a "str" may take
 
-    def parse(self, value: Any, where: str) -> Any:
-        """A value from text (CLI, spec) or from typed data (TOML, JSON, Python) -> its checked form."""
+    def parse(self, value: Any, where: str, files: bool = True) -> Any:
+        """A value from text (CLI, spec) or from typed data (TOML, JSON, Python) -> its checked form.
+
+        ``files=False`` refuses settings files (the server: a client must not make it read paths)."""
         what = f"{where}: '{self.name}'"
         kind = self.kind
         if kind.endswith("|file") and isinstance(value, (str, Path)) and _looks_like_file(str(value)):
+            if not files:
+                raise VerispecError(f"{what}: settings files can be named only where the models are loaded "
+                                    f"(the command line), not here; give the values")
             path = Path(value).expanduser()
             if not path.is_file():
                 raise VerispecError(f"{what}: settings file {path} does not exist")
@@ -127,6 +132,9 @@ class DrafterSpec:
     describe: Callable[[dict[str, Any], str], str]
     default_k: int = 4
     model_params: tuple[str, ...] = ()  # parameters that name a model to load
+    # Cheap enough to build for one request (no model to load, no factorisation, no quantized copy):
+    # the server lets a request choose it freely; others only as the server was started with them.
+    per_request: bool = True
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -182,7 +190,7 @@ class DrafterChoice:
 
 
 def make_choice(name: str, params: Mapping[str, Any] | None = None, k: Any = None,
-                where: str | None = None) -> DrafterChoice:
+                where: str | None = None, files: bool = True) -> DrafterChoice:
     """Check ``params`` (text or typed values) for drafter ``name`` and fix K.
 
     Drafters that need no model are constructed once here, so every check they make (value ranges,
@@ -194,7 +202,7 @@ def make_choice(name: str, params: Mapping[str, Any] | None = None, k: Any = Non
     for key, value in (params or {}).items():
         if value is None:
             continue
-        checked[key] = spec.param(key).parse(value, where)
+        checked[key] = spec.param(key).parse(value, where, files)
     for p in spec.params:
         if p.required and p.name not in checked:
             raise VerispecError(f"{where}: '{p.name}' is required ({p.help})")
@@ -205,8 +213,10 @@ def make_choice(name: str, params: Mapping[str, Any] | None = None, k: Any = Non
     return DrafterChoice(name, checked, drafter.k)
 
 
-def parse_drafter(text: str) -> DrafterChoice:
-    """``NAME`` or ``NAME:key=value,key=value`` (lists as 3+5+7 or, inside one value, 3,5,7)."""
+def parse_drafter(text: str, files: bool = True) -> DrafterChoice:
+    """``NAME`` or ``NAME:key=value,key=value`` (lists as 3+5+7 or, inside one value, 3,5,7).
+
+    ``files=False`` refuses parameters that name settings files."""
     name, _, rest = text.partition(":")
     name = name.strip()
     params: dict[str, str] = {}
@@ -222,7 +232,7 @@ def parse_drafter(text: str) -> DrafterChoice:
             k = value.strip()
         else:
             params[key] = value.strip()
-    return make_choice(name, params, k, where=f"--drafter {name}")
+    return make_choice(name, params, k, where=f"--drafter {name}", files=files)
 
 
 def flag_selections(flags: Mapping[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
