@@ -179,6 +179,21 @@ def test_stop_strings_spread_over_many_tokens_are_found():
     assert text.full() == "x"
 
 
+def test_streamed_text_never_shows_part_of_a_stop_string():
+    """A stream holds back an end that could grow into a stop string; the final text releases what did not."""
+    text = _Text(Pieces(["he", "l", "lo", " wor", "ld", "!"]), ["lo w", "d!"])
+    shown = []
+    for token, final in ((0, False), (1, False), (2, False), (3, False)):
+        text.hits_stop(token)
+        shown.append(text.delta(final))
+    assert shown == ["he", "", "l", ""]  # a trailing "l" / "lo" could still begin "lo w": held back
+    assert text.full() == "hel"
+    assert "".join(shown) + text.delta(final=True) == "hel"
+    other = _Text(Pieces(["a", "d", "x"]), ["d!"])
+    deltas = [other.hits_stop(t) or other.delta(final) for t, final in ((0, False), (1, False), (2, True))]
+    assert deltas == ["a", "", "dx"] and other.full() == "adx"  # "d" was held until "x" ruled the stop out
+
+
 # 9. the CLI: silent defaults, tracebacks, late validation
 @pytest.mark.parametrize("args,message", [
     (["--prompt-lookup", "3", "-k", "0"], "'k'"),

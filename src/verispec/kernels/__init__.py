@@ -293,9 +293,11 @@ class Int8Linear(torch.nn.Module):
         if _load() is not None and weight_layout(few_row_path()) == "packed":
             weight = pack_vnni(weight)
         self.register_buffer("weight", weight)
-        self.register_buffer("scale", scale)
-        self.register_buffer("row_sums", row_sums)
-        self.register_buffer("bias", None if bias is None else bias.float())
+        # Copies: these may be views of a memory-mapped file (the quantized cache, the checkpoint), which
+        # one kept view would keep mapped whole.
+        self.register_buffer("scale", scale.clone())
+        self.register_buffer("row_sums", row_sums.clone())
+        self.register_buffer("bias", None if bias is None else bias.float().clone())
 
     def rows(self) -> torch.Tensor:
         """The int8 weights as [O, I] rows, whatever the stored layout."""

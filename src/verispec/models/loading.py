@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import re
@@ -126,7 +127,18 @@ def load_native(folder: Path, dtype: torch.dtype, quantize: str | None = None, n
     if quantize is not None:  # from the checkpoint's own weights, before any cast
         model.folder, model.name = folder, name or str(folder)
         quantize_model(model, quantize)
-    return model.to_weight_dtype(dtype)
+    model.to_weight_dtype(dtype)
+    _return_freed_memory()
+    return model
+
+
+def _return_freed_memory() -> None:
+    """Give the memory freed while loading (fp32 copies of fused matrices) back to the operating system:
+    glibc keeps freed heap pages otherwise, close to a gigabyte on the 1.5B model."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:

@@ -143,10 +143,13 @@ class Transformer(nn.Module):
         """Cast matrices to ``dtype``; norm weights and biases stay fp32 like the activations.
 
         Parameters only: an int8 layer's weights, scales and sums are buffers and keep their types.
+        The small fp32 tensors are copied: loaded weights are views of the checkpoint file's memory map,
+        and one kept view would keep the whole file mapped (gigabytes of resident pages for an int8 or
+        bf16 model that no longer reads them).
         """
         for name, param in self.named_parameters():
             keep_fp32 = "norm" in name or name.endswith("bias")
-            param.data = param.data.to(torch.float32 if keep_fp32 else dtype)
+            param.data = param.data.to(torch.float32 if keep_fp32 else dtype, copy=keep_fp32)
         return self
 
     @property
