@@ -10,7 +10,7 @@
 2. Real models: `verispec bench` results files (benchmarks/configs/lossiness-*.toml), one setting per
    rule parameter beside the exact rule: speedup over plain decoding, acceptance, the target's mean
    log-probability of sampled tokens relative to plain sampling, greedy agreement with plain greedy,
-   and chrF on Spec-Bench translation.
+   chrF on Spec-Bench translation, HumanEval pass@1 (executed) and math answer accuracy.
 Writes lossiness.md and one PNG per rule.
 """
 
@@ -60,6 +60,23 @@ def pooled(records: list[dict], acceptance: str, mode: str) -> dict | None:
     return summaries[0]
 
 
+def fmt(summary: dict | None, key: str, spec: str) -> str:
+    return "–" if summary is None or summary.get(key) is None else spec.format(summary[key])
+
+
+def task_score(greedy: dict | None, sampled: dict | None, key: str) -> str:
+    """'k/n / k/n (plain k/n / k/n)': HumanEval passes or correct math answers, greedy / sampled
+    ('–' for a mode the results do not hold), with plain decoding's on the same prompts."""
+    parts, plain = [], []
+    for s in (greedy, sampled):
+        n = s.get(f"{key}_n") if s else None
+        parts.append(f"{round(s[f'{key}_rate'] * n)}/{n}" if n else "–")
+        plain.append(f"{round(s[f'plain_{key}_rate'] * n)}/{n}" if n else "–")
+    if parts == ["–", "–"]:
+        return "–"
+    return f"{' / '.join(parts)} (plain {' / '.join(plain)})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", nargs="*", default=[], help="verispec bench results files")
@@ -102,22 +119,29 @@ def main() -> None:
            "Medians over prompts of the speedup over plain decoding measured in the same run; acceptance pooled; "
            "Δ log p = the target's mean log-probability of the sampled tokens minus plain sampling's on the same "
            "prompts (± 2 standard errors; exact rules should include 0); greedy = outputs identical to plain "
-           "greedy; chrF on Spec-Bench translation (plain's in brackets)."]
+           "greedy; chrF on Spec-Bench translation (plain's in brackets); HumanEval problems whose completion "
+           "passes its tests (executed, sandboxed) and math questions (Spec-Bench math_reasoning, MT-Bench math) "
+           "whose final number is right, greedy / T=0.7, with plain decoding's on the same prompts."]
     for name, meta, records in runs:
         rules = ["exact"] + sorted({r["acceptance"] for r in records if r["acceptance"] != "exact"},
                                    key=lambda s: (s.split(":")[0], parameter(s)))
         first = next(r for r in records if r["k"])
         md += ["", f"### {first['pair']} (K = {first['k']}, {meta['config']['dtype']}; `{name}`)", "",
                "| rule | exact | greedy speedup | greedy acceptance | identical to plain greedy | T=0.7 speedup | "
-               "T=0.7 acceptance | Δ log p (T=0.7) | chrF (T=0.7) |", "|---|---|---|---|---|---|---|---|---|"]
+               "T=0.7 acceptance | Δ log p (T=0.7) | chrF (T=0.7) | HumanEval pass@1 greedy / T=0.7 | "
+               "math answers correct greedy / T=0.7 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for rule in rules:
             g, s = pooled(records, rule, "greedy"), pooled(records, rule, "sampled")
-            if not g or not s:
+            if not g and not s:
                 continue
-            metric = f"{s['metric_value']:.1f} ({s['plain_metric_value']:.1f})" if s["metric_value"] is not None else "–"
-            md.append(f"| {rule} | {'yes' if parse_rule(rule).exact else '**no**'} | {g['speedup_median']:.2f} | "
-                      f"{g['acceptance_rate']:.0%} | {g['identical']}/{g['runs']} | {s['speedup_median']:.2f} | {s['acceptance_rate']:.0%} | "
-                      f"{s['logprob_delta']:+.3f} ± {2 * s['logprob_delta_se']:.3f} | {metric} |")
+            identical = "–" if g is None else f"{g['identical']}/{g['runs']}"
+            delta = "–" if s is None else f"{s['logprob_delta']:+.3f} ± {2 * s['logprob_delta_se']:.3f}"
+            metric = "–" if s is None or s["metric_value"] is None else \
+                f"{s['metric_value']:.1f} ({s['plain_metric_value']:.1f})"
+            md.append(f"| {rule} | {'yes' if parse_rule(rule).exact else '**no**'} | "
+                      f"{fmt(g, 'speedup_median', '{:.2f}')} | {fmt(g, 'acceptance_rate', '{:.0%}')} | {identical} | "
+                      f"{fmt(s, 'speedup_median', '{:.2f}')} | {fmt(s, 'acceptance_rate', '{:.0%}')} | {delta} | "
+                      f"{metric} | {task_score(g, s, 'pass')} | {task_score(g, s, 'accuracy')} |")
 
     for family, grid in GRIDS.items():
         fig, axes = plt.subplots(1, 4, figsize=(19, 3.8))
@@ -139,6 +163,8 @@ def main() -> None:
             for mode, style in (("greedy", "--"), ("sampled", "-")):
                 exact = pooled(records, "exact", mode)
                 points = [pooled(records, r, mode) for r in rules]
+                if exact is None or None in points:  # this results file has no runs in this mode
+                    continue
                 line = axes[1].plot(px, [p["speedup_median"] for p in points], marker="o", linestyle=style,
                                     label=f"{label} ({mode})")[0]
                 axes[1].axhline(exact["speedup_median"], color=line.get_color(), linestyle=":", linewidth=1)

@@ -40,6 +40,10 @@ RECORD_SCHEMA = {
     "metric_value": OPTIONAL_NUMBER, "plain_metric_value": OPTIONAL_NUMBER,
     "weight_bytes_per_token": (int, type(None)), "roofline": OPTIONAL_NUMBER,
     "output_text": str, "output_ids": list,
+    # task checks: HumanEval executed, math answers scored (None where the prompt has neither)
+    "passed": (bool, type(None)), "plain_passed": (bool, type(None)), "exec_result": (str, type(None)),
+    "expected_answer": (str, type(None)), "model_answer": (str, type(None)), "answer_correct": (bool, type(None)),
+    "plain_answer_correct": (bool, type(None)),
 }
 HARDWARE_FIELDS = {"cpu", "cores", "threads", "isa", "accelerator", "device"}
 VERSION_FIELDS = {"verispec", "torch", "transformers", "python"}
@@ -55,10 +59,12 @@ def data_dir(tmp_path_factory) -> Path:
             {"question_id": 2, "category": "translation", "turns": ["Translate German to English: guten Tag"],
              "reference": ["good day"]},
             {"question_id": 3, "category": "summarization", "turns": ["Summarize: the cat sat on the mat."],
-             "reference": ["cat sat"]}]
+             "reference": ["cat sat"]},
+            {"question_id": 4, "category": "math_reasoning", "turns": ["What is 3 + 4?"], "reference": ["3+4=7\n#### 7"]}]
     (root / "spec_bench" / "question.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     with gzip.open(root / "humaneval" / "HumanEval.jsonl.gz", "wt") as f:
-        f.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def add(a, b):\n"}) + "\n")
+        f.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def add(a, b):\n", "entry_point": "add",
+                            "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n"}) + "\n")
     return root
 
 
@@ -66,7 +72,8 @@ def _config(tmp_path: Path, target: Path, draft: Path, data: Path) -> Path:
     text = f"""
 target = "{target}"
 dtype = "float32"
-workloads = ["humaneval", "spec_bench/translation", "spec_bench/summarization", "spec_bench/mt_bench"]
+workloads = ["humaneval", "spec_bench/translation", "spec_bench/summarization", "spec_bench/mt_bench",
+             "spec_bench/math_reasoning"]
 prompts = 1
 max_new_tokens = 10
 data_dir = "{data}"
@@ -122,8 +129,8 @@ def test_bench_end_to_end_writes_records_and_report(bench_run):
     assert lines[0]["type"] == "meta" and meta["config"]["max_new_tokens"] == 10
     assert [line["type"] for line in lines[1:]] == ["record"] * len(records)  # summaries are computed, not stored
     settings = 1 + 4 + 1 + 1 + 1 + 2  # plain, draft-model x 2 K x 2 rules, layer skip, early exit, prompt lookup, 2 hf
-    assert len(records) == meta["runs"] == 4 * 2 * settings  # 4 prompts x 2 modes
-    assert len(summarise(records)) == 4 * 2 * settings
+    assert len(records) == meta["runs"] == 5 * 2 * settings  # 5 prompts x 2 modes
+    assert len(summarise(records)) == 5 * 2 * settings
     # plain runs precede the methods of the same prompt: interleaved, never all plain first
     first_prompt = [r["setting"] for r in records[:settings]]
     assert first_prompt[0] == "plain" and len(set(first_prompt)) == settings
@@ -139,6 +146,14 @@ def test_bench_end_to_end_writes_records_and_report(bench_run):
         if r["engine"] == "transformers":
             assert r["target_calls"] >= 1 and r["target_calls"] <= r["new_tokens"]
         assert r["chat_template"] == (r["workload"] != "humaneval")
+        if r["workload"] == "humaneval":  # executed against its test (a tiny random model fails it)
+            assert r["passed"] is False and r["exec_result"].startswith("failed") and r["plain_passed"] is False
+        else:
+            assert r["passed"] is None and r["exec_result"] is None
+        if r["workload"] == "spec_bench/math_reasoning":
+            assert r["expected_answer"] == "7" and isinstance(r["answer_correct"], bool)
+        else:
+            assert r["expected_answer"] is None and r["answer_correct"] is None
         assert r["new_tokens"] == 10 == len(r["output_ids"])
     report = out.parent / "results_report"
     md = (report / "report.md").read_text()
@@ -146,6 +161,7 @@ def test_bench_end_to_end_writes_records_and_report(bench_run):
         assert (report / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({name})" in md
     assert "## spec_bench/translation" in md and "APPROXIMATE" in md and "(transformers)" in md
+    assert "pass@1 0.00 [0.00–0.79] of 1" in md and "answers correct" in md
     assert "<table>" in (report / "report.html").read_text()
     assert "100%|" in output and ("run/s" in output or "s/run" in output)  # tqdm's progress display
 

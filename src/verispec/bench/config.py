@@ -52,7 +52,7 @@ DEFAULT_TARGET = "smollm2-135m"
 # of the verispec drafter it corresponds to.
 HF_METHODS: dict[str, str | None] = {"hf-plain": None, "hf-assisted": "draft-model", "hf-prompt-lookup": "prompt-lookup"}
 TOP_LEVEL = {"target", "dtype", "quantize", "threads", "max_new_tokens", "prompts", "repetitions", "seed", "workloads",
-             "data_dir", "chat", "ignore_eos", "warmup_tokens", "roofline", "sampling", "methods"}
+             "data_dir", "chat", "ignore_eos", "warmup_tokens", "roofline", "execute", "sampling", "methods"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +124,7 @@ class BenchConfig:
     ignore_eos: bool = True  # fixed-length outputs, so speedups compare equal work
     warmup_tokens: int = 8
     roofline: bool = False  # measure the read bandwidth; records then say what share of it decoding reaches
+    execute: bool = True  # run HumanEval's tests on each completion (sandboxed: verispec.bench.execution)
 
     @property
     def plains(self) -> tuple[Setting, ...]:
@@ -259,7 +260,7 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
         repetitions=_positive_int("top level", "repetitions", raw.get("repetitions", 1)),
         seed=seed, data_dir=data_dir, chat=chat, ignore_eos=ignore_eos,
         warmup_tokens=_positive_int("top level", "warmup_tokens", raw.get("warmup_tokens", 8), minimum=0),
-        roofline=_flag("roofline", raw.get("roofline", False)))
+        roofline=_flag("roofline", raw.get("roofline", False)), execute=_flag("execute", raw.get("execute", True)))
 
 
 def _quantizations(value: Any, where: str) -> tuple[str | None, ...]:

@@ -164,4 +164,30 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "metric": first["metric"],
         "metric_value": _mean(r["metric_value"] for r in rows),
         "plain_metric_value": _mean(r["plain_metric_value"] for r in rows),
+        **_task_scores(rows),
     }
+
+
+def _task_scores(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """HumanEval pass@1 (and pass@k over repetitions) and math accuracy, each beside plain decoding's
+    on the same prompts, with 95% Wilson intervals. Older records without these fields give None."""
+    from verispec.bench.execution import pass_at_k, wilson_interval
+
+    out: dict[str, Any] = {}
+    for name, key, plain_key in (("pass", "passed", "plain_passed"), ("accuracy", "answer_correct", "plain_answer_correct")):
+        scored = [r for r in rows if r.get(key) is not None]
+        hits = sum(bool(r[key]) for r in scored)
+        low, high = wilson_interval(hits, len(scored))
+        out[f"{name}_n"] = len(scored)
+        out[f"{name}_rate"] = hits / len(scored) if scored else None
+        out[f"{name}_low"], out[f"{name}_high"] = low, high
+        out[f"plain_{name}_rate"] = statistics.fmean(bool(r[plain_key]) for r in scored) if scored else None
+    # pass@k (Chen et al.'s unbiased estimator) when problems were sampled several times.
+    per_problem: dict[str, list[bool]] = {}
+    for r in rows:
+        if r.get("passed") is not None:
+            per_problem.setdefault(r["prompt_id"], []).append(bool(r["passed"]))
+    n = min(map(len, per_problem.values()), default=0)
+    out["pass_at_k"] = {str(k): statistics.fmean(pass_at_k(len(v), sum(v), k) for v in per_problem.values())
+                        for k in sorted({1, n})} if n > 1 else None
+    return out

@@ -30,10 +30,23 @@ def _quality(s: dict[str, Any]) -> str:
     else:
         delta, se = s["logprob_delta"], s["logprob_delta_se"]
         parts = [f"Δ log p {_f(delta, '{:+.3f}')}" + (f" ± {2 * se:.3f}" if se is not None else "")]
+    parts += _task_parts(s, baseline)
     if s["metric"] and s["metric_value"] is not None:
         name = {"chrf": "chrF", "rouge_l": "ROUGE-L"}[s["metric"]]
         parts.append(f"{name} {s['metric_value']:.1f}" + ("" if baseline else f" (plain {s['plain_metric_value']:.1f})"))
     return "; ".join(parts)
+
+
+def _task_parts(s: dict[str, Any], baseline: bool) -> list[str]:
+    """pass@1 and math accuracy with their 95% intervals, beside plain decoding's on the same prompts."""
+    parts = []
+    for key, name in (("pass", "pass@1"), ("accuracy", "answers correct")):
+        if s.get(f"{key}_n"):
+            text = f"{name} {s[f'{key}_rate']:.2f} [{s[f'{key}_low']:.2f}–{s[f'{key}_high']:.2f}] of {s[f'{key}_n']}"
+            parts.append(text + ("" if baseline else f" (plain {s[f'plain_{key}_rate']:.2f})"))
+    if s.get("pass_at_k"):
+        parts.append(", ".join(f"pass@{k} {v:.2f}" for k, v in s["pass_at_k"].items()))
+    return parts
 
 
 def _row(s: dict[str, Any]) -> list[str]:
@@ -187,7 +200,10 @@ def render_report(results: str | Path, out_dir: str | Path | None = None, plot: 
         "with plain sampling's (Δ log p ± 2 standard errors over prompts; exact methods should include 0), and task "
         "metrics where the workload has references. transformers' runs are compared with verispec's plain run: "
         "in bf16 the two runtimes round differently (transformers keeps bf16 activations, verispec fp32), so "
-        "their greedy outputs can part early without a fault in either.",
+        "their greedy outputs can part early without a fault in either. HumanEval completions are executed against "
+        "the problem's tests (pass@1, 95% Wilson interval; cut at the Codex stop sequences); math answers "
+        "(Spec-Bench math_reasoning and MT-Bench math) are scored by their final number "
+        "(`verispec.bench.answers` states the rule).",
     ]
     if approximate:
         intro += ["", f"**Approximate (not distribution-preserving) settings:** {', '.join(approximate)}."]

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from verispec.bench.checks import TaskChecks
 from verispec.bench.config import BenchConfig, Setting
 from verispec.bench.engines import Engines, prompt_ids, weight_bytes_per_token
 from verispec.bench.records import SCHEMA_VERSION, make_record, mode_label
@@ -108,6 +109,10 @@ def run_bench(config: BenchConfig, out: str | Path, overwrite: bool = False, pro
         environment["read_bandwidth_gbs"] = read_bandwidth_gbs()
         say(f"[bench] measured read bandwidth: {environment['read_bandwidth_gbs']:.1f} GB/s")
     weight_bytes = {q: weight_bytes_per_token(t) for q, t in engines.targets.items()} if config.roofline else {}
+    checks = TaskChecks(execute=config.execute)
+    if config.execute and any(p.tests for p, _, _ in encoded):
+        say("[bench] HumanEval completions will be executed against their tests, each in a confined process "
+            "(--no-execute turns this off)")
     plains = config.plains
     settings = [*plains, *config.settings]
     plan = [(p, ids, chat, sampling, rep) for sampling in config.samplings for rep in range(config.repetitions)
@@ -137,6 +142,7 @@ def run_bench(config: BenchConfig, out: str | Path, overwrite: bool = False, pro
                     record = make_record(context, run, base,
                                          sampling.greedy, p.reference, p.metric, weight_bytes.get(setting.quantize),
                                          environment.get("read_bandwidth_gbs"))
+                    record.update(checks.checks(p, run.text or "", (base or run).text or ""))
                     if setting in plains:
                         plain[setting.quantize] = run
                     f.write(json.dumps(record) + "\n")

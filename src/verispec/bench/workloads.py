@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from verispec.bench.answers import MT_BENCH_MATH, reference_answer
 from verispec.errors import VerispecError
 
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
@@ -26,6 +27,8 @@ class Prompt:
     reference: str | None = None  # for a task metric
     metric: str | None = None  # "chrf" or "rouge_l" when there is a reference
     completion: bool = False  # code completion: never wrapped in a chat template
+    tests: tuple[str, str] | None = None  # HumanEval: (its test code, the entry point) to execute
+    answer: str | None = None  # math: the reference's final number (verispec.bench.answers)
 
 
 def data_dir_candidates(explicit: str | Path | None) -> list[Path]:
@@ -84,13 +87,24 @@ def spec_bench(n: int, category: str | None, data_dir: str | Path | None) -> lis
         if name in picked and text and len(picked[name]) < n:
             reference = _first_text(row.get("reference")) if name in METRIC_OF else None
             picked[name].append(Prompt(str(row.get("question_id")), f"spec_bench/{name}", text, reference,
-                                       METRIC_OF.get(name) if reference else None))
+                                       METRIC_OF.get(name) if reference else None, answer=_answer(row)))
     return [p for c in categories for p in picked[c]]
+
+
+def _answer(row: dict[str, Any]) -> str | None:
+    """The expected final number of a math question (GSM8K's ``#### N``; MT-Bench math: read by hand)."""
+    if row.get("category") == "math_reasoning":
+        return reference_answer(_first_text(row.get("reference")))
+    if row.get("category") == "math":
+        return MT_BENCH_MATH.get(str(row.get("question_id")))
+    return None
 
 
 def humaneval(n: int, data_dir: str | Path | None) -> list[Prompt]:
     rows = _read_jsonl(find_data_file(HUMANEVAL_FILES, data_dir, "HumanEval"))
-    return [Prompt(str(r["task_id"]), "humaneval", r["prompt"], completion=True) for r in rows[:n] if "prompt" in r]
+    return [Prompt(str(r["task_id"]), "humaneval", r["prompt"], completion=True,
+                   tests=(r["test"], r["entry_point"]) if "test" in r and "entry_point" in r else None)
+            for r in rows[:n] if "prompt" in r]
 
 
 def user_jsonl(path: Path, n: int) -> list[Prompt]:
