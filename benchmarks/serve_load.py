@@ -26,6 +26,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -61,6 +62,9 @@ def start_server(args: argparse.Namespace, plain: bool) -> tuple[subprocess.Pope
     for line in process.stderr:
         match = re.search(r"serving .* on (http://\S+)", line)
         if match:
+            # Keep reading the server's log (to our stderr): a full pipe would block the server.
+            threading.Thread(target=lambda: [sys.stderr.write(f"[server] {l}") for l in process.stderr],
+                             daemon=True).start()
             return process, match.group(1)
         if "error" in line.lower():
             sys.stderr.write(line)
