@@ -234,3 +234,35 @@ def test_api_bad_input_is_a_verispec_error():
     assert verispec.generate(model, input_ids=torch.tensor(PROMPT), max_new_tokens=3).prompt_ids == PROMPT
     with pytest.raises(VerispecError, match="drafter must implement"):
         verispec.generate(model, input_ids=PROMPT, max_new_tokens=3, drafter=object())
+
+
+def test_end_of_generation_tokens_end_a_run(tiny_chat_pair, tmp_path):
+    """A special token such as <|endoftext|> ends a run even when the config names another EOS (Qwen's
+    instruct GGUF names <|im_end|>, but ends code completions with <|endoftext|>); so do
+    generation_config.json's EOS ids."""
+    import json
+    import shutil
+
+    from verispec.decoding import END_OF_GENERATION, eos_ids
+
+    from types import SimpleNamespace
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_chat_pair[0], folder)
+    model = verispec.load_model(str(folder), dtype="float32")
+
+    class Added:  # a tokenizer whose special tokens include an end-of-text that is not its EOS
+        eos_token_id = 1
+
+        def get_added_vocab(self):
+            return {"<|endoftext|>": 9, "<|im_start|>": 4}
+
+    stand_in = SimpleNamespace(config=model.config, tokenizer=Added(), folder=None)
+    assert "<|endoftext|>" in END_OF_GENERATION and "<|im_start|>" not in END_OF_GENERATION
+    assert eos_ids(stand_in) == set(model.config.eos_token_ids) | {1, 9}
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
+    assert {5, 7} <= eos_ids(model)
+    first = verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=12, ignore_eos=True).token_ids
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": first[3]}))
+    out = verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=12)
+    assert out.finish_reason == "eos" and out.token_ids == first[: first.index(first[3]) + 1]

@@ -7,8 +7,10 @@ of them except the last, which the next target call feeds together with the draf
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -57,12 +59,32 @@ def encode_prompt(model: DecoderModel, prompt: str, chat: bool = False) -> list[
     return list(tokenizer.encode(prompt))
 
 
+# Special tokens that end a generation whichever one the config names as EOS (llama.cpp treats the same
+# texts as end-of-generation; transformers lists them in generation_config.json, which GGUF files lack):
+# a Qwen instruct model's config names <|im_end|>, yet in code completion it ends text with <|endoftext|>.
+END_OF_GENERATION = ("<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>",
+                     "<|end|>")
+
+
 def eos_ids(model: DecoderModel) -> set[int]:
+    """The token ids that end a run: the config's EOS, the tokenizer's, generation_config.json's (when the
+    model's folder has one), and the special tokens in ``END_OF_GENERATION`` the tokenizer defines."""
     ids = set(model.config.eos_token_ids)
+    folder = getattr(model, "folder", None)
+    generation = Path(folder) / "generation_config.json" if folder is not None else None
+    if generation is not None and generation.is_file():
+        try:
+            eos = json.loads(generation.read_text()).get("eos_token_id")
+            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        except (OSError, ValueError):
+            log.warning("unreadable %s: its end-of-sequence tokens are not used", generation)
     tokenizer = model.tokenizer
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids
+    if tokenizer is not None:
+        if tokenizer.eos_token_id is not None:
+            ids.add(int(tokenizer.eos_token_id))
+        special = getattr(tokenizer, "get_added_vocab", dict)()
+        ids.update(int(special[text]) for text in END_OF_GENERATION if text in special)
+    return {i for i in ids if isinstance(i, int) and 0 <= i < model.config.vocab_size}
 
 
 class _Text:
