@@ -98,8 +98,8 @@ def main() -> None:
     md = ["# The lossiness dial", "",
           "What each approximate acceptance rule does to the output distribution, and what it buys. "
           "Made by `python benchmarks/lossiness.py --results " + " ".join(f"results/{n}" for n, _, _ in runs)
-          + f" --out {args.out}`, from `verispec bench benchmarks/configs/lossiness-qwen.toml` and "
-          "`…/lossiness-smollm2.toml` runs.", "",
+          + f" --out {args.out}`, from `verispec bench` runs of `benchmarks/configs/lossiness-*.toml` (each "
+          "results file is named in its section).", "",
           "Rules (see the README): **lenient:l** accepts with min(1, p/(l·q)) and samples max(0, p − l·q) on "
           "rejection; **typical:ε** keeps a draft outright when p(x) > min(ε, √ε·exp(−H(p))); **topk:k** keeps it "
           "outright when it is among the target's k most likely tokens. Typical and top-k leave every other draft "
@@ -126,7 +126,8 @@ def main() -> None:
         rules = ["exact"] + sorted({r["acceptance"] for r in records if r["acceptance"] != "exact"},
                                    key=lambda s: (s.split(":")[0], parameter(s)))
         first = next(r for r in records if r["k"])
-        md += ["", f"### {first['pair']} (K = {first['k']}, {meta['config']['dtype']}; `{name}`)", "",
+        weights = meta["config"]["dtype"] + "".join(f", {q}" for q in meta["config"].get("quantize", []) if q)
+        md += ["", f"### {first['pair']} (K = {first['k']}, {weights}; `{name}`)", "",
                "| rule | exact | greedy speedup | greedy acceptance | identical to plain greedy | T=0.7 speedup | "
                "T=0.7 acceptance | Δ log p (T=0.7) | chrF (T=0.7) | HumanEval pass@1 greedy / T=0.7 | "
                "math answers correct greedy / T=0.7 |", "|---|---|---|---|---|---|---|---|---|---|---|"]
