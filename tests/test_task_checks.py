@@ -97,7 +97,7 @@ def test_files_outside_its_folder_survive(tmp_path):
     (folder / "sub" / "file").write_text("x")
     attempts = [f"    import os\n    os.remove({str(victim)!r})\n",
                 f"    import shutil\n    shutil.rmtree({str(folder)!r})\n",
-                f"    open({str(victim)!r}, 'w').write('overwritten')\n",
+                f"    open({str(victim)!r}, 'w').write('overwritten')\n"]
     if os.getuid() == 0:
         # Past the guard, through the C library: only the operating system's permissions stop this, and
         # they can only when the sandbox switched to another user (it can when verispec runs as root; the
