@@ -261,8 +261,9 @@ def test_end_of_generation_tokens_end_a_run(tiny_chat_pair, tmp_path):
     assert "<|endoftext|>" in END_OF_GENERATION and "<|im_start|>" not in END_OF_GENERATION
     assert eos_ids(stand_in) == set(model.config.eos_token_ids) | {1, 9}
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 7]}))
-    assert {5, 7} <= eos_ids(model)
+    assert {5, 7} <= eos_ids(verispec.load_model(str(folder), dtype="float32"))
     first = verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=12, ignore_eos=True).token_ids
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": first[3]}))
+    model = verispec.load_model(str(folder), dtype="float32")
     out = verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=12)
     assert out.finish_reason == "eos" and out.token_ids == first[: first.index(first[3]) + 1]

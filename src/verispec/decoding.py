@@ -7,10 +7,8 @@ of them except the last, which the next target call feeds together with the draf
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -46,17 +44,30 @@ class GenerationResult:
     target_logprobs: list[float] = dataclasses.field(default_factory=list)  # log p_target(token), T=1, per new token
 
 
-def encode_prompt(model: DecoderModel, prompt: str, chat: bool = False) -> list[int]:
-    tokenizer = model.tokenizer
-    if tokenizer is None:
+def _tokenizer(model: DecoderModel) -> Any:
+    if model.tokenizer is None:
         raise VerispecError("this model has no tokenizer: pass input_ids instead of a text prompt")
+    return model.tokenizer
+
+
+def encode_prompt(model: DecoderModel, prompt: str, chat: bool = False) -> list[int]:
+    """A text prompt's token ids; ``chat`` wraps it as one user message in the model's chat template."""
     if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise VerispecError("this model's tokenizer has no chat template; drop --chat")
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return list(tokenizer.encode(prompt))
+        return encode_messages(model, [{"role": "user", "content": prompt}])
+    return list(_tokenizer(model).encode(prompt))
+
+
+def encode_messages(model: DecoderModel, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation through the model's chat template, with the assistant's turn opened."""
+    tokenizer = _tokenizer(model)
+    if not getattr(tokenizer, "chat_template", None):
+        raise VerispecError("this model's tokenizer has no chat template: give a plain prompt (no --chat; "
+                            "the server's /v1/completions)")
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # a template may refuse a conversation (roles out of order, ...)
+        raise VerispecError(f"the model's chat template refused these messages: {exc}") from None
+    return list(tokenizer.encode(text, add_special_tokens=False))
 
 
 # Special tokens that end a generation whichever one the config names as EOS (llama.cpp treats the same
@@ -67,17 +78,10 @@ END_OF_GENERATION = ("<|endoftext|>", "<|im_end|>", "<|end_of_text|>", "<|eot_id
 
 
 def eos_ids(model: DecoderModel) -> set[int]:
-    """The token ids that end a run: the config's EOS, the tokenizer's, generation_config.json's (when the
-    model's folder has one), and the special tokens in ``END_OF_GENERATION`` the tokenizer defines."""
+    """The token ids that end a run: the config's EOS (which ``load_model`` extends with
+    generation_config.json's), the tokenizer's, and the special tokens in ``END_OF_GENERATION`` the
+    tokenizer defines."""
     ids = set(model.config.eos_token_ids)
-    folder = getattr(model, "folder", None)
-    generation = Path(folder) / "generation_config.json" if folder is not None else None
-    if generation is not None and generation.is_file():
-        try:
-            eos = json.loads(generation.read_text()).get("eos_token_id")
-            ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        except (OSError, ValueError):
-            log.warning("unreadable %s: its end-of-sequence tokens are not used", generation)
     tokenizer = model.tokenizer
     if tokenizer is not None:
         if tokenizer.eos_token_id is not None:

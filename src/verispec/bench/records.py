@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
+from verispec.bench.execution import pass_at_k, wilson_interval
 from verispec.bench.metrics import METRICS, first_divergence
 from verispec.errors import VerispecError
 from verispec.stats import GenerationStats
@@ -171,8 +172,6 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _task_scores(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """HumanEval pass@1 (and pass@k over repetitions) and math accuracy, each beside plain decoding's
     on the same prompts, with 95% Wilson intervals. Older records without these fields give None."""
-    from verispec.bench.execution import pass_at_k, wilson_interval
-
     out: dict[str, Any] = {}
     for name, key, plain_key in (("pass", "passed", "plain_passed"), ("accuracy", "answer_correct", "plain_answer_correct")):
         scored = [r for r in rows if r.get(key) is not None]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import logging
 import re
@@ -108,7 +109,26 @@ def load_model(source: str | Path, dtype: str | torch.dtype = "float32", backend
     # The attributes every ``DecoderModel`` declares: what it is called, its tokenizer, and its folder
     # (where derived data such as low-rank factors is cached).
     model.tokenizer, model.name, model.folder = tokenizer, str(source), folder
+    extra = generation_eos(folder)
+    if extra:
+        eos = tuple(dict.fromkeys((*model.config.eos_token_ids, *extra)))
+        model.config = dataclasses.replace(model.config, eos_token_ids=eos)
     return model
+
+
+def generation_eos(folder: Path) -> tuple[int, ...]:
+    """The end-of-sequence ids of ``folder``'s generation_config.json, which transformers stops on too
+    (Hugging Face folders have one; GGUF conversions do not)."""
+    path = folder / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        log.warning("unreadable %s: its end-of-sequence tokens are not used", path)
+        return ()
+    eos = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    return tuple(i for i in eos if isinstance(i, int) and not isinstance(i, bool))
 
 
 def load_native(folder: Path, dtype: torch.dtype, quantize: str | None = None, name: str | None = None) -> Transformer:

@@ -22,7 +22,7 @@ import uuid
 from typing import Any
 
 from verispec.acceptance import parse_rule
-from verispec.decoding import Generation, GenerationResult, Step
+from verispec.decoding import Generation, GenerationResult, Step, encode_messages, encode_prompt
 from verispec.drafters.registry import DrafterChoice, ModelLoader, parse_drafter
 from verispec.drafters.self_speculative import require_native
 from verispec.errors import VerispecError
@@ -67,7 +67,6 @@ class Job:
     acceptance: str
     loop: asyncio.AbstractEventLoop
     id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex[:24])
-    created: float = dataclasses.field(default_factory=time.time)
     admitted: float = dataclasses.field(default_factory=time.perf_counter)
     events: asyncio.Queue = dataclasses.field(default_factory=asyncio.Queue)
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -299,19 +298,12 @@ class Engine:
 
 
 def token_ids(target: Any, text: str | None = None, messages: list[dict[str, str]] | None = None) -> list[int]:
-    """A completion prompt as ``verispec.generate`` encodes it, or chat messages through the model's template."""
-    tokenizer = target.tokenizer
-    if tokenizer is None:
-        raise RequestError(400, "this model has no tokenizer, so it cannot take text prompts")
-    if messages is None:
-        return list(tokenizer.encode(text))
-    if not getattr(tokenizer, "chat_template", None):
-        raise RequestError(400, "this model's tokenizer has no chat template: use /v1/completions")
+    """A completion prompt, or chat messages through the model's template, encoded as ``verispec.generate``
+    encodes them (the same functions: a seeded request must give generate's tokens)."""
     try:
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    except Exception as exc:  # a template may refuse a conversation (roles out of order, ...)
-        raise RequestError(400, f"the model's chat template refused these messages: {exc}", "messages") from None
-    return list(tokenizer.encode(rendered, add_special_tokens=False))
+        return encode_prompt(target, text) if messages is None else encode_messages(target, messages)
+    except VerispecError as exc:
+        raise RequestError(400, str(exc), "prompt" if messages is None else "messages") from None
 
 
 def finish_reason(reason: str | None) -> str | None:

@@ -61,7 +61,7 @@ class Metrics:
                                    "first, per request", method, buckets=TOKEN_BUCKETS, registry=registry)
         self.latency = Histogram("verispec_request_seconds", "Admission to last token", method,
                                  buckets=FIRST_TOKEN_BUCKETS, registry=registry)
-        self._totals: dict[str, list[int]] = {}
+        self._pooled: dict[str, GenerationStats] = {}  # per method
 
     def record_run(self, stats: GenerationStats, first_token_seconds: float, total_seconds: float) -> None:
         """One finished generation (its stats) and the latencies its client saw."""
@@ -77,14 +77,16 @@ class Metrics:
         for i, (drafted, accepted) in enumerate(zip(stats.drafted_by_position or [], stats.accepted_by_position or [])):
             self.drafted_at.labels(m, str(i)).inc(drafted)
             self.accepted_at.labels(m, str(i)).inc(accepted)
-        totals = self._totals.setdefault(m, [0, 0, 0, 0])  # drafted, accepted, decode steps, their tokens
-        for i, value in enumerate((stats.drafted_tokens, stats.accepted_tokens, stats.decode_steps,
-                                   stats.decode_step_tokens)):
-            totals[i] += value
-        if totals[0]:
-            self.acceptance.labels(m).set(totals[1] / totals[0])
-        if totals[2]:
-            self.mean_accepted_length.labels(m).set(totals[3] / totals[2])
+        # The lifetime ratios under GenerationStats' own definitions, from pooled counts.
+        pooled = self._pooled.setdefault(m, GenerationStats(method=m))
+        pooled.drafted_tokens += stats.drafted_tokens
+        pooled.accepted_tokens += stats.accepted_tokens
+        pooled.decode_steps += stats.decode_steps
+        pooled.decode_step_tokens += stats.decode_step_tokens
+        if pooled.acceptance_rate is not None:
+            self.acceptance.labels(m).set(pooled.acceptance_rate)
+        if pooled.mean_accepted_length is not None:
+            self.mean_accepted_length.labels(m).set(pooled.mean_accepted_length)
         self.first_token.labels(m).observe(first_token_seconds)
         self.latency.labels(m).observe(total_seconds)
         if stats.new_tokens > 1:
