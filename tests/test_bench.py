@@ -24,12 +24,15 @@ RECORD_SCHEMA = {
     "workload": str, "prompt_id": str, "chat_template": bool,
     "repetition": int, "mode": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER,
     # GenerationStats fields
-    "method": str, "settings": dict, "k": int, "exact": bool, "engine": str, "sampling": dict, "seed": int,
+    "method": str, "settings": dict, "k": (int, str), "exact": bool, "engine": str, "sampling": dict, "seed": int,
     "prompt_tokens": int, "new_tokens": int, "target_calls": int, "draft_calls": (int, type(None)),
     "drafted_tokens": (int, type(None)), "accepted_tokens": (int, type(None)), "decode_steps": int,
     "decode_step_tokens": int, "drafted_by_position": (list, type(None)), "accepted_by_position": (list, type(None)),
     "wall_seconds": NUMBER, "prefill_seconds": NUMBER, "first_token_seconds": NUMBER,
-    "draft_seconds": OPTIONAL_NUMBER, "verify_seconds": OPTIONAL_NUMBER,
+    "draft_seconds": OPTIONAL_NUMBER, "verify_seconds": OPTIONAL_NUMBER, "k_histogram": (dict, type(None)),
+    "calibration_seconds": OPTIONAL_NUMBER, "plain_steps": (int, type(None)), "probes": (int, type(None)),
+    "cost_curve": (dict, type(None)), "acceptance_estimates": (list, type(None)),
+    "predicted_speedup": OPTIONAL_NUMBER, "measured_speedup": OPTIONAL_NUMBER,
     # GenerationStats derived metrics
     "other_seconds": OPTIONAL_NUMBER, "tokens_per_second": NUMBER, "decode_tokens_per_second": NUMBER,
     "per_token_seconds": NUMBER, "target_calls_per_token": NUMBER, "acceptance_rate": OPTIONAL_NUMBER,
@@ -94,7 +97,7 @@ k = 2
 [[methods]]
 name = "early-exit"
 layer = 1
-k = 2
+k = "auto"
 [[methods]]
 name = "prompt-lookup"
 ngram = 2
@@ -174,11 +177,17 @@ def test_every_record_field_has_its_type(bench_run):
             assert isinstance(r[name], kinds), (name, r[name])
         assert set(r["hardware"]) == HARDWARE_FIELDS and set(r["versions"]) == VERSION_FIELDS
         assert r["hardware"]["threads"] >= 1 and r["versions"]["torch"]
-        drafting = r["k"] > 0
+        auto = r["k"] == "auto"  # K chosen per step: up to 8, possibly 0 (no speculation) throughout
+        drafting = auto or r["k"] > 0
+        if auto:
+            assert r["predicted_speedup"] > 0 and r["cost_curve"]["verify_seconds"] and r["plain_steps"] is not None
+            assert sum(r["k_histogram"].values()) == r["decode_steps"]
+        elif r["engine"] == "verispec":
+            assert r["predicted_speedup"] is None and r["cost_curve"] is None
         if drafting and r["engine"] == "verispec":
-            if r["method"] != "prompt-lookup":  # lookup proposes only what it finds, possibly nothing
+            if r["method"] != "prompt-lookup" and not auto:  # lookup proposes only what it finds, possibly nothing
                 assert r["drafted_tokens"] > 0 and len(r["acceptance_rate_by_position"]) == r["k"]
-            assert len(r["acceptance_rate_by_position"] or []) <= r["k"]
+            assert len(r["acceptance_rate_by_position"] or []) <= (8 if auto else r["k"])
             if r["drafted_tokens"]:
                 assert r["acceptance_rate"] == pytest.approx(r["accepted_tokens"] / r["drafted_tokens"])
             assert r["draft_seconds"] >= 0 and r["verify_seconds"] > 0
@@ -285,7 +294,9 @@ BAD_CONFIGS = {
     "unknown key": ({"target": "m", "tempreature": 1}, "unknown key 'tempreature'"),
     "unknown method": ({"target": "m", "methods": [{"name": "medusa"}]}, "unknown method 'medusa'"),
     "missing draft": ({"target": "m", "methods": [{"name": "draft-model"}]}, "'draft' is required"),
-    "bad k": ({"target": "m", "methods": [{"name": "prompt-lookup", "k": 0}]}, "'k'.* must be an integer >= 1"),
+    "bad k": ({"target": "m", "methods": [{"name": "prompt-lookup", "k": 0}]}, "'k'.* must be a positive integer or 'auto'"),
+    "auto k for transformers": ({"target": "m", "methods": [{"name": "hf-prompt-lookup", "k": "auto"}]},
+                                "transformers' engines take a fixed K"),
     "bad ngram": ({"target": "m", "methods": [{"name": "prompt-lookup", "ngram": 0}]}, "'ngram' must be an integer >= 1"),
     "bad rule": ({"target": "m", "methods": [{"name": "prompt-lookup", "acceptance": "lenient:2"}]}, "lenience"),
     "hf approx": ({"target": "m", "methods": [{"name": "hf-assisted", "draft": "d", "acceptance": "topk:2"}]},

@@ -110,7 +110,7 @@ def test_flags_and_specs_build_the_same_drafter():
                            ({"--low-rank-targets": "mlp"}, "add --low-rank-rank or --low-rank-energy")):
         with pytest.raises(VerispecError, match=message):
             choices_from_flags(flags)
-    with pytest.raises(VerispecError, match="'k'.*must be an integer >= 1"):
+    with pytest.raises(VerispecError, match="'k'.*must be a positive integer or 'auto'"):
         choices_from_flags({"--prompt-lookup": "3"}, "0")
 
 

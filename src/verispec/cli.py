@@ -127,7 +127,8 @@ def sampling_options(func: Callable) -> Callable:
 @drafter_options
 @click.option("-k", "--num-candidates", "k", default=None,
               help="Candidate length K per step (default: 5 for draft models and prompt lookup, 4 for "
-                   "self-speculative drafters, or the tuned file's).")
+                   "self-speculative drafters, or the tuned file's), or 'auto': chosen each step from costs "
+                   "measured on this machine, 0 (no speculation) when no K pays.")
 @click.option("--acceptance", default="exact", show_default=True,
               help="Acceptance rule: exact, or an APPROXIMATE one: lenient:L (0<L<=1), typical:EPS[,DELTA], topk:K.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print tokens as they are made.")
@@ -268,7 +269,7 @@ def drafters_command() -> None:
 @click.option("--hf-assisted", default=None, help="Add transformers' assisted generation with this assistant model.")
 @click.option("--hf-prompt-lookup", type=int, default=None, help="Add transformers' prompt lookup (this n-gram size).")
 @click.option("--hf-plain", is_flag=True, help="Add transformers' plain generate.")
-@click.option("-k", "ks", default=None, help="Candidate lengths for the methods added by flags, e.g. 2,4.")
+@click.option("-k", "ks", default=None, help="Candidate lengths for the methods added by flags, e.g. 2,4,auto.")
 @click.option("--acceptance", "rules", multiple=True,
               help="Acceptance rules for the verispec methods added by flags (repeatable): exact, lenient:L, typical:EPS, topk:K.")
 @click.option("--roofline", is_flag=True, default=None,
@@ -310,7 +311,7 @@ def bench(config: str | None, target: str | None, dtype: str | None, quantize: t
 @main.command()
 @model_options
 @drafter_options
-@click.option("-k", "--num-candidates", "k", default=None, help="Candidate length K of the server's drafter.")
+@click.option("-k", "--num-candidates", "k", default=None, help="Candidate length K of the server's drafter, or 'auto'.")
 @click.option("--plain", is_flag=True, help="Serve without speculation (requests may still name a drafter).")
 @click.option("--acceptance", default="exact", show_default=True,
               help="The rule for requests that name none: exact, or an APPROXIMATE one (lenient:L, typical:EPS, topk:K).")

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from verispec.acceptance import greedy_verify, parse_rule
+from verispec.adaptive import AutoK, auto_mode, is_auto
 from verispec.drafters.base import DraftContext, Drafter, Proposal
 from verispec.errors import VerispecError
 from verispec.models.protocol import DecoderModel
@@ -173,6 +174,8 @@ class Generation:
             raise VerispecError(f"drafter must implement verispec.Drafter (subclass verispec.DrafterBase), "
                                 f"got {type(drafter).__name__}")
         self.model, self.drafter = model, drafter
+        # k="auto": a controller chooses K per step from measured costs and acceptance
+        self.auto = AutoK(auto_mode(drafter.k)) if drafter is not None and is_auto(drafter.k) else None
         self.acceptance = parse_rule(acceptance)
         self.sampling = sampling or SamplingConfig()
         if not isinstance(self.sampling, SamplingConfig):
@@ -255,13 +258,24 @@ class Generation:
         tokens.append(first)
         yield self._commit([first], 0, 0, logits[-1:])
         context = DraftContext(tokens, model, cache, self.sampling, self.generator)
+        auto = self.auto
         if drafter is not None and not self.finish_reason:
             drafter.start(context)
             stats.settings.update(drafter.settings())  # now with what start() derived (ranks, ...)
+            if auto is not None:
+                auto.start(model, drafter, context)  # the cost curve: measured here, or cached
+                context.keep_drafting = auto.keep_drafting if auto.wants_confidence else None
+        stats.k_histogram = {}
         while not self.finish_reason:
+            begin = time.perf_counter()
             n = len(tokens)
-            # 2. Draft: never more candidates than the token budget can still use.
-            k = min(drafter.k, self.max_new_tokens - len(self.new_ids) - 1) if drafter is not None else 0
+            # 2. Draft: never more candidates than the token budget can still use (k="auto": the
+            #    controller's choice, 0 when no K is predicted to beat plain decoding).
+            budget = self.max_new_tokens - len(self.new_ids) - 1
+            if drafter is None:
+                k = 0
+            else:
+                k = auto.choose(budget) if auto is not None else min(drafter.k, budget)
             t0 = time.perf_counter()
             proposal = drafter.propose(context, k) if k > 0 else Proposal(torch.empty(0, dtype=torch.long), None)
             t1 = time.perf_counter()
@@ -285,6 +299,13 @@ class Generation:
             stats.verify_seconds += t2 - t1
             step = self._commit(new, proposal.tokens.numel(), verdict.num_accepted, logits)
             stats.record_step(step.drafted, step.accepted, len(step.token_ids))
+            stats.k_histogram[k] = stats.k_histogram.get(k, 0) + 1
+            if auto is not None:
+                other = (time.perf_counter() - t2) + (t0 - begin)
+                auto.observe(k, proposal.tokens.numel(), verdict.num_accepted, len(step.token_ids), t1 - t0,
+                             t2 - t1, other)
+                if self.finish_reason:
+                    stats.record_auto(auto.report())
             yield step
         stats.wall_seconds = time.perf_counter() - start
 

@@ -26,7 +26,7 @@ class GenerationStats:
 
     method: str = "plain"
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
-    k: int = 0
+    k: int | str = 0  # the drafter's candidate length, or "auto"
     exact: bool = True
     engine: str = "verispec"  # or "transformers"
     sampling: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -46,13 +46,23 @@ class GenerationStats:
     first_token_seconds: float = 0.0
     draft_seconds: float | None = 0.0
     verify_seconds: float | None = 0.0  # target calls after the prefill
+    k_histogram: dict[int, int] | None = None  # decode steps by the K they ran with (0: no speculation)
+    # k="auto" (see verispec.adaptive): what the controller measured, estimated and predicted; None otherwise
+    calibration_seconds: float | None = None  # measuring the cost curve (0 when it came from the cache)
+    plain_steps: int | None = None  # decode steps run without speculation
+    probes: int | None = None  # steps speculated only to re-measure acceptance after plain ones
+    cost_curve: dict[str, Any] | None = None  # seconds: verification over M = 1..16, proposals of K = 0..8
+    acceptance_estimates: list[float] | None = None  # alpha_i by candidate position at the end of the run
+    predicted_speedup: float | None = None  # over plain decoding, as the cost model predicted each step
+    measured_speedup: float | None = None  # the same yardstick (the measured plain step), as it happened
 
     DERIVED = ("other_seconds", "tokens_per_second", "decode_tokens_per_second", "per_token_seconds",
                "target_calls_per_token", "acceptance_rate", "acceptance_rate_by_position", "mean_accepted_length")
 
     @property
     def other_seconds(self) -> float | None:
-        """Wall time outside the prefill, drafting and verification (sampling, bookkeeping, detokenising)."""
+        """Wall time outside the prefill, drafting and verification (sampling, bookkeeping, detokenising,
+        and k="auto"'s cost measurement when it ran)."""
         if self.draft_seconds is None or self.verify_seconds is None:
             return None
         return max(0.0, self.wall_seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds)
@@ -114,6 +124,15 @@ class GenerationStats:
         for i in range(accepted):
             self.accepted_by_position[i] += 1
 
+    def record_auto(self, report: dict[str, Any]) -> None:
+        """The k="auto" controller's account (``AutoK.report``)."""
+        for name in ("calibration_seconds", "plain_steps", "probes", "cost_curve", "acceptance_estimates", "predicted_speedup",
+                     "measured_speedup"):
+            setattr(self, name, report[name])
+        self.settings["k_mode"] = report["k_mode"]
+        if "auto_fallback" in report:
+            self.settings["auto_fallback"] = report["auto_fallback"]
+
     def as_dict(self) -> dict[str, Any]:
         """Every field and every derived metric, under the names bench records use."""
         out = dataclasses.asdict(self)
@@ -132,4 +151,8 @@ class GenerationStats:
             line += (f", {self.draft_calls} draft calls, acceptance {self.acceptance_rate:.1%}, "
                      f"mean accepted length {self.mean_accepted_length:.2f}, time draft/verify/other "
                      f"{self.draft_seconds:.2f}/{self.verify_seconds:.2f}/{other:.2f}s")
+        if self.predicted_speedup is not None:
+            ks = ", ".join(f"K={k}: {n}" for k, n in sorted((self.k_histogram or {}).items()))
+            line += (f"; K auto ({ks} steps), predicted {self.predicted_speedup:.2f}x, "
+                     f"measured {self.measured_speedup:.2f}x over the measured plain step")
         return line

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from verispec.acceptance import parse_rule
+from verispec.adaptive import is_auto
 from verispec.drafters.registry import DRAFTERS, DrafterChoice, flag_selections, make_choice, parse_drafter
 from verispec.errors import VerispecError
 from verispec.models.loading import parse_dtype
@@ -185,6 +186,8 @@ def parse_method(index: int, table: Any) -> list[Setting]:
         if engine == "transformers" and rule != "exact":
             raise _fail(where, "transformers' assisted generation has only its exact rule")
     settings = []
+    if engine == "transformers" and any(is_auto(k) for k in _as_list(table.get("k"))):
+        raise _fail(where, "k='auto' is verispec's controller; transformers' engines take a fixed K")
     for k in _as_list(table.get("k")):
         try:
             choice = make_choice(drafter, params, k, where=where)

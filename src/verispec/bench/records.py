@@ -166,7 +166,22 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "metric_value": _mean(r["metric_value"] for r in rows),
         "plain_metric_value": _mean(r["plain_metric_value"] for r in rows),
         **_task_scores(rows),
+        **_auto_k(rows),
     }
+
+
+def _auto_k(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """k="auto": the K chosen per decode step (pooled over runs), the share of steps without
+    speculation, and the cost model's predicted speedup (median over runs) beside the achieved one."""
+    histogram: dict[str, int] = {}
+    for r in rows:
+        for k, n in (r.get("k_histogram") or {}).items():
+            histogram[str(k)] = histogram.get(str(k), 0) + n
+    steps = sum(histogram.values())
+    return {"k_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))) or None,
+            "plain_step_share": histogram.get("0", 0) / steps if steps else None,
+            "predicted_speedup": _median(r.get("predicted_speedup") for r in rows),
+            "measured_speedup": _median(r.get("measured_speedup") for r in rows)}
 
 
 def _task_scores(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -71,19 +71,34 @@ def tables(summaries: list[dict[str, Any]]) -> dict[str, list[list[str]]]:
     return out
 
 
+AUTO_HEADER = ["method", "workload", "mode", "steps by K chosen", "steps without speculation",
+               "predicted speedup", "measured", "achieved (vs plain run)"]
+
+
+def auto_k_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
+    rows = []
+    for s in sorted(summaries, key=lambda s: (s["setting"], s["workload"], s["mode"])):
+        if s.get("predicted_speedup") is None:
+            continue
+        histogram = ", ".join(f"{k}: {n}" for k, n in (s["k_histogram"] or {}).items())
+        rows.append([s["setting"], s["workload"], s["mode"], histogram, _f(s["plain_step_share"], "{:.0%}"),
+                     _f(s["predicted_speedup"]), _f(s["measured_speedup"]), _f(s["speedup_median"])])
+    return rows
+
+
 def _header(rows: list[list[str]]) -> list[str]:
     return (HEADER + [ROOFLINE])[: len(rows[0])]
 
 
-def _markdown_table(rows: list[list[str]]) -> str:
-    header = _header(rows)
+def _markdown_table(rows: list[list[str]], header: list[str] | None = None) -> str:
+    header = header or _header(rows)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-def _html_table(rows: list[list[str]]) -> str:
+def _html_table(rows: list[list[str]], header: list[str] | None = None) -> str:
     cell = lambda v, tag: f"<{tag}>{html.escape(v).replace('**', '')}</{tag}>"
-    head = "<tr>" + "".join(cell(h, "th") for h in _header(rows)) + "</tr>"
+    head = "<tr>" + "".join(cell(h, "th") for h in header or _header(rows)) + "</tr>"
     body = "".join("<tr>" + "".join(cell(v, "td") for v in r) + "</tr>" for r in rows)
     return f"<table>{head}{body}</table>"
 
@@ -107,10 +122,14 @@ def plots(records: list[dict[str, Any]], folder: Path) -> list[str]:
     for ax, mode in zip(axes[0], modes):
         for method, engine, rule, pair in methods:
             rows = [r for r in records if r["mode"] == mode and (r["method"], r["engine"], r["acceptance"], r["pair"]) == (method, engine, rule, pair)]
-            ks = sorted({r["k"] for r in rows})
+            ks = sorted({r["k"] for r in rows if isinstance(r["k"], int)})
             ys = [statistics.median(r["speedup"] for r in rows if r["k"] == k) for k in ks]
             if ks:
-                ax.plot(ks, ys, marker="o", label=_legend(method, engine, rule, pair))
+                line, = ax.plot(ks, ys, marker="o", label=_legend(method, engine, rule, pair))
+            for k in sorted({r["k"] for r in rows if isinstance(r["k"], str)}):  # k="auto": one level, no K
+                level = statistics.median(r["speedup"] for r in rows if r["k"] == k)
+                ax.axhline(level, color=line.get_color() if ks else None, linestyle=":", linewidth=1.5,
+                           label=f"{_legend(method, engine, rule, pair)} K={k}")
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="plain decoding")
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         ax.set_xlabel("candidate length K")
@@ -212,6 +231,13 @@ def render_report(results: str | Path, out_dir: str | Path | None = None, plot: 
     for workload, rows in {**everything, **tables(summaries)}.items():
         md += ["", f"## {workload}", "", _markdown_table(rows)]
         body.append(f"<h2>{html.escape(workload)}</h2>{_html_table(rows)}")
+    auto = auto_k_rows(summaries)
+    if auto:
+        md += ["", '## k="auto": what the controller chose, and what it predicted', "",
+               "Predicted: the cost model's speedup over plain decoding, summed over the run's steps; measured: "
+               "the same yardstick (the measured plain step) applied to the run's real step times; achieved: the "
+               "ratio to the plain run on the same prompt (median over prompts).", "", _markdown_table(auto, AUTO_HEADER)]
+        body.append("<h2>k=auto</h2>" + _html_table(auto, AUTO_HEADER))
     if images:
         md += ["", "## Plots", ""] + [f"![{name}]({name})" for name in images]
         body.append("<h2>Plots</h2>" + "".join(f'<p><img src="{name}" alt="{name}"></p>' for name in images))

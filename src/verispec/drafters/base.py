@@ -4,13 +4,13 @@ many were accepted."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
+from verispec.adaptive import parse_k
 from verispec.models.protocol import DecoderModel, KVCacheLike
 from verispec.sampling import SamplingConfig, check_logits, logits_to_probs, sample
-from verispec.validation import positive_int
 
 
 @dataclasses.dataclass
@@ -22,6 +22,9 @@ class DraftContext:
     cache: KVCacheLike  # the target's KV cache (self-speculative drafters share its committed prefix)
     sampling: SamplingConfig
     generator: torch.Generator
+    # k="auto"'s draft-side stop: asked after each drafted token with the draft's probability of it;
+    # False ends the proposal there. None: draft all k.
+    keep_drafting: Callable[[float], bool] | None = None
 
 
 @dataclasses.dataclass
@@ -35,14 +38,15 @@ class Proposal:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A draft source. ``k`` is the candidate length it proposes per step.
+    """A draft source. ``k`` is the candidate length it proposes per step, or "auto" (the decoding
+    loop then chooses K per step, see ``verispec.adaptive``).
 
     The decoding loop calls, per run: ``start`` once after the prefill; then per step ``propose``,
     ``target_logits`` (the one verification pass over the last committed token and the candidates),
     and ``accepted``. Subclass ``DrafterBase`` for the usual defaults.
     """
 
-    k: int
+    k: int | str
 
     def start(self, context: DraftContext) -> None:
         """Called once after the target's prefill: check compatibility, prefill own state."""
@@ -66,7 +70,7 @@ class DrafterBase:
 
     method = "drafter"
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int | str) -> None:
         self.k = validate_k(k)
 
     def start(self, context: DraftContext) -> None:
@@ -85,8 +89,18 @@ class DrafterBase:
         return {"method": self.method, "k": self.k}
 
 
-def validate_k(k: Any) -> int:
-    return positive_int(k, "k (candidate length)")
+def validate_k(k: Any) -> int | str:
+    """A positive integer, or "auto" (optionally "auto:cost" / "auto:confidence" / "auto:both")."""
+    return parse_k(k)
+
+
+def stop_drafting(context: DraftContext, logits: torch.Tensor, token: int, probs: torch.Tensor | None) -> bool:
+    """The draft-side stop after ``token`` (drawn from [vocab] ``logits``, or from ``probs`` when
+    sampled): True when the run's controller says one more candidate would not pay."""
+    if context.keep_drafting is None:
+        return False
+    confidence = float(probs[token]) if probs is not None else float((logits[token] - logits.float().logsumexp(-1)).exp())
+    return not context.keep_drafting(confidence)
 
 
 def draft_token(logits: torch.Tensor, sampling: SamplingConfig,

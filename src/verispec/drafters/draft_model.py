@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from verispec.drafters.registry import DrafterSpec, Param
-from verispec.drafters.base import DraftContext, DrafterBase, Proposal, draft_token
+from verispec.drafters.base import DraftContext, DrafterBase, Proposal, draft_token, stop_drafting
 from verispec.errors import VerispecError
 from verispec.models.protocol import DecoderModel
 
@@ -90,6 +90,9 @@ class DraftModel(DrafterBase):
     def propose(self, context: DraftContext, k: int) -> Proposal:
         tokens, sampling = context.tokens, context.sampling
         self.base = len(tokens)
+        if self.cached >= len(tokens):  # proposing again from the same tokens (k="auto" measuring costs)
+            self.cached = len(tokens) - 1
+            self.cache.rollback(self.cached)
         feed = torch.tensor(tokens[self.cached:])  # usually 1 or 2 tokens; the whole prompt at first
         feed = torch.where(feed < self.rows, feed, 0)  # a target token past the draft's rows: a stand-in
         tokens_out, probs_out = [], []
@@ -101,8 +104,11 @@ class DraftModel(DrafterBase):
                 probs_out.append(probs)
             tokens_out.append(token)
             feed = torch.tensor([token])
+            if stop_drafting(context, logits[0], token, probs):
+                break
         # The last candidate is never fed: the draft cache now holds tokens plus candidates[:-1].
-        return Proposal(torch.tensor(tokens_out), torch.stack(probs_out) if probs_out else None, draft_calls=k)
+        return Proposal(torch.tensor(tokens_out, dtype=torch.long), torch.stack(probs_out) if probs_out else None,
+                        draft_calls=len(tokens_out))
 
     def accepted(self, num_accepted: int) -> None:
         self.cached = min(self.cached, self.base + num_accepted)

@@ -17,8 +17,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from verispec.adaptive import parse_k
 from verispec.errors import VerispecError
-from verispec.validation import is_int, is_number, number, positive_int
+from verispec.validation import is_int, is_number, number
 
 ModelLoader = Callable[..., Any]  # (model name / path, quantize=None) -> a loaded DecoderModel
 
@@ -169,7 +170,7 @@ class DrafterChoice:
 
     name: str
     params: Mapping[str, Any]
-    k: int
+    k: int | str  # a positive integer or "auto"
 
     @property
     def spec(self) -> DrafterSpec:
@@ -206,7 +207,7 @@ def make_choice(name: str, params: Mapping[str, Any] | None = None, k: Any = Non
     for p in spec.params:
         if p.required and p.name not in checked:
             raise VerispecError(f"{where}: '{p.name}' is required ({p.help})")
-    k_given = None if k is None else positive_int(_int(k, f"{where}: 'k'"), f"{where}: 'k' (candidate length)")
+    k_given = None if k is None else parse_k(k, f"{where}: 'k' (candidate length)")
     if spec.model_params:
         return DrafterChoice(name, checked, k_given if k_given is not None else spec.default_k)
     drafter = spec.build(dict(checked), k_given, None)

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from verispec.drafters.base import DraftContext, DrafterBase, Proposal, draft_token
+from verispec.drafters.base import DraftContext, DrafterBase, Proposal, draft_token, stop_drafting
 from verispec.drafters.registry import DrafterSpec, Param, read_tuned
 from verispec.errors import VerispecError
 from verispec.models.protocol import LayeredModel
@@ -77,7 +77,10 @@ class SelfDrafter(DrafterBase):
                 if q is not None:
                     probs.append(q)
                 tokens.append(token)
-        return Proposal(torch.tensor(tokens), torch.stack(probs) if probs else None, draft_calls=k)
+                if stop_drafting(context, logits, token, q):
+                    break
+        return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None,
+                        draft_calls=len(tokens))
 
 
 class LayerProjections:

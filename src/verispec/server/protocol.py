@@ -12,6 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from verispec.adaptive import parse_k
+from verispec.errors import VerispecError
+
 MAX_STOPS = 4  # as OpenAI
 
 
@@ -22,9 +25,23 @@ class Extension(BaseModel):
 
     drafter: str | None = Field(None, description="'none' (plain decoding), or a drafter spec "
                                                   "NAME:key=value,... (`verispec drafters`); default: the server's")
-    k: int | None = Field(None, ge=1, le=64, description="Candidate length K")
+    k: int | str | None = Field(None, description="Candidate length K (1..64), or 'auto' (chosen per step from "
+                                                  "measured costs)")
     acceptance: str | None = Field(None, description="exact (default), lenient:L, typical:EPS[,DELTA], topk:K")
     return_token_ids: bool = Field(False, description="Add the generated token ids to the response")
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _k(cls, k: Any) -> int | str | None:
+        if k is None:
+            return None
+        try:
+            k = parse_k(k, "k")
+        except VerispecError as exc:
+            raise ValueError(str(exc)) from None
+        if isinstance(k, int) and k > 64:
+            raise ValueError(f"k must be at most 64, got {k}")
+        return k
 
 
 class StreamOptions(BaseModel):

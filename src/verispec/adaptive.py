@@ -1,0 +1,473 @@
+"""``k="auto"``: choose the candidate length K at every step from costs measured on this machine.
+
+At the start of a run the controller measures (or reads from its cache) what a step costs here: the
+target's verification pass over M = 1..16 positions, and the drafter's cost for 0..K_MAX candidates
+(through the drafter's own ``propose`` and ``target_logits``, so early exit's cheaper verification and
+a draft model's catch-up are what is measured). During the run it keeps, per candidate position i,
+an estimate of alpha_i = P(candidate i accepted | candidate i judged), censoring-aware: a position
+after the first rejection was never judged and teaches nothing. Each step it predicts
+
+    tokens(K) = 1 + sum_{j < K} prod_{i <= j} alpha_i
+    cost(K)   = draft(K) + verify(K + 1) + overhead          (seconds; K = 0 is plain decoding)
+
+and runs the K with the most tokens per second. K = 0 wins unless a K > 0 is predicted to beat it by
+``MARGIN``. Without speculation nothing is learned about acceptance, so a probe step (the best K > 0)
+runs after ``PROBE_FIRST`` plain steps, then after twice as many each time the probe does not switch
+speculation back on (up to ``PROBE_MAX``), and never more often than keeps probes under ``PROBE_SHARE``
+of the time (an expensive draft probes less often): speculation returns when the text turns
+copy-heavy again. A proposal that ends before K without the draft-side stop (prompt lookup's match ran
+out) counts as a rejection at the position where it ended: the chain stopped there.
+
+Draft-side stop (drafters with a distribution): after each drafted token the drafter asks whether to
+go on. The controller keeps the acceptance rate of drafted tokens by the draft's confidence (the
+probability of the token it chose, in ten bins) and stops when the expected gain of one more candidate,
+P(every candidate so far accepted) x alpha_next, falls below its cost in tokens at the current rate:
+(draft step + one more verified row) x tokens per second. The confidence threshold is therefore
+learned online from the measured costs and acceptance, not fixed.
+
+Exactness is untouched: K may change from step to step, the acceptance rule does not.
+
+Modes (``k="auto"`` is "auto:both"): "auto:cost" (the cost model alone), "auto:confidence" (K_MAX
+candidates, cut by the draft-side stop; never switches speculation off), "auto:both".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verispec.errors import VerispecError
+from verispec.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+MODES = ("both", "cost", "confidence")
+K_MAX = 8  # the largest K the controller considers
+CURVE_ROWS = 16  # verification passes measured over M = 1..CURVE_ROWS positions
+MARGIN = 0.03  # a K > 0 must be predicted this much faster than plain decoding
+PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps before a probe (doubling while probes fail) ...
+PROBE_SHARE = 0.02  # ... and at least enough that probes cost at most this share of the time
+DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20 steps)
+POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
+PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
+BINS = 10  # draft-confidence bins
+CACHE_VERSION = 1
+
+
+def parse_k(value: Any, what: str = "k (candidate length)") -> int | str:
+    """A positive integer, or "auto" / "auto:MODE"; anything else is a ``VerispecError``."""
+    from verispec.validation import is_int
+
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == AUTO or (text.startswith(AUTO + ":") and text.split(":", 1)[1] in MODES):
+            return text
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    elif is_int(value) and value > 0:
+        return value
+    raise VerispecError(f"{what} must be a positive integer or 'auto' (or auto:{'/auto:'.join(MODES)}), got {value!r}")
+
+
+def is_auto(k: Any) -> bool:
+    return isinstance(k, str) and k.startswith(AUTO)
+
+
+def auto_mode(k: str) -> str:
+    return k.split(":", 1)[1] if ":" in k else "both"
+
+
+# ------------------------------------------------------------------------------------------ costs
+
+@dataclasses.dataclass
+class CostCurve:
+    """Seconds measured on this machine for one target and drafter."""
+
+    verify: list[float]  # [CURVE_ROWS] a verification pass over M = 1.. positions
+    draft: list[float]  # [K_MAX + 1] a proposal of K = 0.. candidates (draft[0] = 0)
+    overhead: float = 0.0  # per step outside drafting and verification (sampling, bookkeeping)
+    measured_at: str = ""  # where: the machine and versions, for the record
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"verify_seconds": [round(v, 6) for v in self.verify], "draft_seconds": [round(d, 6) for d in self.draft],
+                "overhead_seconds": round(self.overhead, 6), "measured_at": self.measured_at}
+
+
+def machine() -> dict[str, Any]:
+    """What a cost measurement depends on besides the models: CPU, its features, versions, threads."""
+    import verispec
+
+    cpu, flags = platform.processor() or "unknown", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = hashlib.sha256(line.split(":", 1)[1].strip().encode()).hexdigest()[:16]
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpu_flags": flags, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+            "torch": torch.__version__, "verispec": verispec.__version__, "cache_version": CACHE_VERSION}
+
+
+def _model_key(model: Any) -> dict[str, Any]:
+    config = model.config
+    return {"name": getattr(model, "name", ""), "class": type(model).__name__,
+            "quantization": getattr(model, "quantization", None), "dtype": str(getattr(model, "dtype", "")),
+            "layers": getattr(config, "num_layers", None), "hidden": getattr(config, "hidden_size", None),
+            "vocab": config.vocab_size}
+
+
+def cost_key(model: Any, drafter: Any, greedy: bool) -> dict[str, Any]:
+    settings = {key: value for key, value in drafter.settings().items() if key != "k"}
+    return {"machine": machine(), "target": _model_key(model), "drafter": type(drafter).__name__,
+            "settings": json.loads(json.dumps(settings, default=str)), "greedy": greedy}
+
+
+_MEASURED: dict[str, CostCurve] = {}  # this process's measurements, by key digest
+
+
+def _cache_file(digest: str) -> Path:
+    return cache_dir() / "costs" / f"{digest}.json"
+
+
+def _read_cached(key: dict[str, Any], digest: str) -> CostCurve | None:
+    """The curve stored for ``key``; None (logged) when the file is missing, corrupt or measured for
+    another machine or version."""
+    path = _cache_file(digest)
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("key") != key:
+            log.info("cost cache %s was measured for another machine or version; measuring again", path)
+            return None
+        curve = CostCurve(**stored["curve"])
+        good = (len(curve.verify) == CURVE_ROWS and len(curve.draft) == K_MAX + 1
+                and all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in curve.verify + curve.draft))
+        if not good:
+            raise ValueError("wrong shape or values")
+        return curve
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        log.info("cost cache %s is unreadable (%s); measuring again", path, exc)
+        return None
+
+
+def _write_cached(key: dict[str, Any], digest: str, curve: CostCurve) -> None:
+    path = _cache_file(digest)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"key": key, "curve": dataclasses.asdict(curve)}))
+        tmp.replace(path)  # never a half-written file under the real name
+    except OSError as exc:
+        log.info("cannot store the cost measurement in %s: %s", path, exc)
+
+
+def cost_curve(model: Any, drafter: Any, context: Any) -> tuple[CostCurve, bool]:
+    """The costs for this target and drafter (a copy the run may refine), and whether they were measured
+    now: from this process, else the disk cache, else measured."""
+    key = cost_key(model, drafter, context.sampling.greedy)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    curve = _MEASURED.get(digest) or _read_cached(key, digest)
+    measured = curve is None
+    if measured:
+        curve = measure(model, drafter, context)
+        curve.measured_at = f"{key['machine']['cpu']}, {key['machine']['threads']} threads, torch {torch.__version__}"
+        _write_cached(key, digest, curve)
+    _MEASURED[digest] = curve
+    return dataclasses.replace(curve, verify=list(curve.verify), draft=list(curve.draft)), measured
+
+
+def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
+    """Time real steps without committing anything: for K = 0..K_MAX a proposal and its verification
+    through the drafter (best of two), then plain passes over M = K_MAX+2..CURVE_ROWS positions. The
+    caches are rolled back after each, and the drafter draws from its own generator, so the run's
+    random stream (and therefore its output for a seed) is the same whether or not this runs."""
+    cache, n = context.cache, len(context.tokens)
+    room = cache.capacity - (n - 1)  # positions a pass may write now
+    probe = dataclasses.replace(context, generator=torch.Generator().manual_seed(0))
+    last = context.tokens[-1]
+    verify = [math.inf] * CURVE_ROWS
+    draft = [math.inf] * (K_MAX + 1)
+    draft[0] = 0.0
+    with torch.inference_mode():
+        drafter.propose(probe, 1)  # warm up (a draft model catches up on the prompt here)
+        drafter.accepted(0)
+        model.forward(torch.tensor([last]), cache, n - 1)
+        cache.rollback(n - 1)
+        for _ in range(2):
+            for k in range(min(K_MAX, room - 1) + 1):
+                t0 = time.perf_counter()
+                proposal = drafter.propose(probe, k) if k else None
+                t1 = time.perf_counter()
+                drafted = proposal.tokens.tolist() if proposal is not None else []
+                inputs = torch.tensor([last] + drafted + [last] * (k - len(drafted)))  # [k+1]
+                if k:
+                    drafter.target_logits(probe, inputs)
+                else:
+                    model.forward(inputs, cache, n - 1)
+                t2 = time.perf_counter()
+                cache.rollback(n - 1)
+                if k:
+                    drafter.accepted(0)
+                draft[k], verify[k] = min(draft[k], t1 - t0), min(verify[k], t2 - t1)
+            for m in range(K_MAX + 2, min(CURVE_ROWS, room) + 1):
+                t0 = time.perf_counter()
+                model.forward(torch.tensor([last] * m), cache, n - 1)
+                verify[m - 1] = min(verify[m - 1], time.perf_counter() - t0)
+                cache.rollback(n - 1)
+    return CostCurve(_fill(verify), _fill(draft))
+
+
+def _fill(values: list[float]) -> list[float]:
+    """Unmeasured entries (no room) extrapolated linearly; then the lower envelope from the right,
+    so one slow measurement (noise) does not make a larger pass look cheaper than a smaller one."""
+    known = [i for i, v in enumerate(values) if math.isfinite(v)]
+    out = list(values)
+    if len(known) >= 2:
+        a, b = known[-2], known[-1]
+        slope = max(0.0, (values[b] - values[a]) / (b - a))
+        for i in range(b + 1, len(out)):
+            out[i] = values[b] + slope * (i - b)
+    elif known:
+        out = [values[known[0]] if not math.isfinite(v) else v for v in out]
+    else:
+        out = [0.0] * len(out)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ acceptance
+
+class Acceptance:
+    """Per-position acceptance estimates, censoring-aware, forgetting with every step.
+
+    Every step (plain ones too) discounts what is known by ``DECAY``, so after a stretch without
+    speculation a probe's result outweighs what was seen long ago. Each position's estimate shrinks
+    toward the pooled rate over all positions, which forgets ten times slower (``POOLED_DECAY``): a
+    position not judged lately (K was smaller) takes the run's general rate, not an arbitrary prior.
+    """
+
+    def __init__(self, positions: int = K_MAX) -> None:
+        self.judged = [0.0] * positions
+        self.kept = [0.0] * positions
+        self.pooled_judged = self.pooled_kept = 0.0
+        self.bin_judged = [0.0] * BINS  # by draft confidence
+        self.bin_kept = [0.0] * BINS
+
+    def observe(self, proposed: int, accepted: int, confidence: list[float] | None = None) -> None:
+        """One step: ``proposed`` candidates, the first ``accepted`` kept. Positions 0..accepted were
+        judged (the last of them rejected unless all were kept); later ones were not."""
+        for values, decay in ((self.judged, DECAY), (self.kept, DECAY), (self.bin_judged, DECAY),
+                              (self.bin_kept, DECAY)):
+            values[:] = [decay * v for v in values]
+        self.pooled_judged *= POOLED_DECAY
+        self.pooled_kept *= POOLED_DECAY
+        for i in range(min(proposed, accepted + 1, len(self.judged))):
+            kept = float(i < accepted)
+            self.judged[i] += 1
+            self.kept[i] += kept
+            self.pooled_judged += 1
+            self.pooled_kept += kept
+            if confidence is not None and i < len(confidence):
+                b = self.bin(confidence[i])
+                self.bin_judged[b] += 1
+                self.bin_kept[b] += kept
+
+    @property
+    def pooled(self) -> float:
+        return (self.pooled_kept + 0.5 * PRIOR_WEIGHT) / (self.pooled_judged + PRIOR_WEIGHT)
+
+    def alphas(self) -> list[float]:
+        pooled = self.pooled
+        return [(k + PRIOR_WEIGHT * pooled) / (j + PRIOR_WEIGHT) for k, j in zip(self.kept, self.judged)]
+
+    @staticmethod
+    def bin(confidence: float) -> int:
+        return min(BINS - 1, max(0, int(confidence * BINS)))
+
+    def by_confidence(self, confidence: float) -> float:
+        b = self.bin(confidence)
+        return (self.bin_kept[b] + PRIOR_WEIGHT * self.pooled) / (self.bin_judged[b] + PRIOR_WEIGHT)
+
+
+def expected_tokens(alphas: list[float], k: int) -> float:
+    """Committed tokens per step with k candidates: 1 + sum_{j<k} prod_{i<=j} alpha_i."""
+    total, reach = 1.0, 1.0
+    for a in alphas[:k]:
+        reach *= a
+        total += reach
+    return total
+
+
+# ------------------------------------------------------------------------------------------ controller
+
+class AutoK:
+    """Chooses K per step; see the module docstring. One controller per run."""
+
+    def __init__(self, mode: str = "both") -> None:
+        if mode not in MODES:
+            raise VerispecError(f"k='auto:{mode}': the mode must be one of {', '.join(MODES)}")
+        self.mode = mode
+        self.curve: CostCurve | None = None
+        self.acceptance = Acceptance()
+        self.histogram: dict[int, int] = {}
+        self.plain_steps = self.probes = 0
+        self.since_speculation = 0  # plain steps in a row
+        self.probe_after = PROBE_FIRST
+        self.failed: str | None = None
+        self.calibration_seconds = 0.0
+        # predicted and measured, summed over steps (plain-step seconds are the yardstick)
+        self.predicted_plain_seconds = self.predicted_seconds = 0.0
+        self.committed_plain_seconds = self.actual_seconds = 0.0
+        # the current step
+        self._probing = False
+        self._prediction = (1.0, 0.0)  # (tokens, seconds) predicted for the K chosen
+        self._rate = 0.0
+        self._reach = 1.0
+        self._confidence: list[float] = []
+        self._stopped = False  # the draft-side stop ended this proposal
+        self._alphas = self.acceptance.alphas()
+
+    def start(self, model: Any, drafter: Any, context: Any) -> None:
+        began = time.perf_counter()
+        try:
+            self.curve, measured = cost_curve(model, drafter, context)
+            self.calibration_seconds = time.perf_counter() - began if measured else 0.0
+        except VerispecError:
+            raise
+        except Exception as exc:  # a drafter that fails while being measured: decode plainly, say so
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.warning("k='auto': measuring the drafter failed (%s); decoding without speculation", self.failed)
+
+    @property
+    def active(self) -> bool:
+        return self.curve is not None and not self.failed
+
+    def cost(self, k: int) -> float:
+        return self.curve.draft[k] + self.curve.verify[k] + self.curve.overhead
+
+    def rates(self, budget: int = K_MAX) -> list[float]:
+        """Predicted committed tokens per second for K = 0..min(K_MAX, budget)."""
+        self._alphas = alphas = self.acceptance.alphas()
+        rates, tokens, reach = [], 1.0, 1.0
+        for k in range(min(K_MAX, budget) + 1):
+            if k:
+                reach *= alphas[k - 1]
+                tokens += reach
+            rates.append(tokens / self.cost(k))
+        return rates
+
+    def choose(self, budget: int) -> int:
+        """K for the next step (``budget``: candidates the run can still use)."""
+        if not self.active:
+            return 0
+        if budget <= 0:
+            self._prediction = (1.0, self.cost(0))
+            return 0
+        rates = self.rates(budget)
+        best = max(range(1, len(rates)), key=rates.__getitem__)
+        self._probing = False
+        if self.mode == "confidence":
+            k = len(rates) - 1
+        elif rates[best] > rates[0] * (1 + MARGIN):
+            k = best
+        elif self.since_speculation >= max(self.probe_after, self._probe_wait(best)):
+            k, self._probing = best, True  # a probe: what does acceptance look like now?
+            self.probes += 1
+        else:
+            k = 0
+        self._rate = rates[k]
+        self._prediction = (rates[k] * self.cost(k), self.cost(k))
+        self._reach, self._confidence, self._stopped = 1.0, [], False
+        return k
+
+    def _probe_wait(self, k: int) -> float:
+        """Plain steps between probes so that probing with k candidates costs at most PROBE_SHARE of
+        the time (a probe's extra seconds over a plain step, its tokens not counted)."""
+        return (self.cost(k) - self.cost(0)) / (PROBE_SHARE * self.cost(0))
+
+    @property
+    def wants_confidence(self) -> bool:
+        return self.mode != "cost" and self.active
+
+    def keep_drafting(self, confidence: float) -> bool:
+        """The draft-side stop, asked after each drafted token with the draft's probability of it:
+        go on while one more candidate is expected to add more tokens than its cost takes away."""
+        self._confidence.append(confidence)
+        k = len(self._confidence)
+        if k >= K_MAX:
+            return True
+        self._reach *= self.acceptance.by_confidence(confidence)
+        curve = self.curve
+        extra_seconds = (curve.draft[k + 1] - curve.draft[k]) + (curve.verify[k + 1] - curve.verify[k])
+        go_on = self._reach * self._alphas[k] > extra_seconds * self._rate
+        self._stopped = not go_on
+        return go_on
+
+    def observe(self, asked: int, proposed: int, accepted: int, committed: int, draft_seconds: float,
+                verify_seconds: float, other_seconds: float) -> None:
+        """What the step did: ``asked`` candidates allowed, ``proposed`` drafted, ``accepted`` kept,
+        ``committed`` tokens committed, and its measured times (which refine the curve)."""
+        if not self.active:
+            return
+        curve = self.curve
+        # A proposal shorter than asked that was kept whole ended the chain there (prompt lookup's match
+        # ran out; a drafter with nothing to propose): that position counts as a rejection, unless the
+        # draft-side stop chose to end it.
+        chain_ended = accepted == proposed < asked and not self._stopped
+        self.acceptance.observe(proposed + chain_ended, accepted, self._confidence or None)
+        self.histogram[asked] = self.histogram.get(asked, 0) + 1
+        if asked:
+            self.since_speculation = 0
+        else:
+            self.plain_steps += 1
+            self.since_speculation += 1
+        if self._probing:  # back off while probes find nothing; start over once one does
+            rates = self.rates()
+            speculate = max(rates[1:]) > rates[0] * (1 + MARGIN)
+            self.probe_after = PROBE_FIRST if speculate else min(PROBE_MAX, self.probe_after * 2)
+        plain = self.cost(0)
+        tokens, seconds = self._prediction
+        self.predicted_plain_seconds += plain * tokens
+        self.predicted_seconds += seconds
+        self.committed_plain_seconds += plain * committed
+        self.actual_seconds += draft_seconds + verify_seconds + other_seconds
+        # refine the measured costs with what this step took
+        rows = proposed + 1
+        if rows <= CURVE_ROWS:
+            curve.verify[rows - 1] = 0.8 * curve.verify[rows - 1] + 0.2 * verify_seconds
+        if proposed == asked and 0 < asked <= K_MAX:
+            curve.draft[asked] = 0.8 * curve.draft[asked] + 0.2 * draft_seconds
+        first = sum(self.histogram.values()) == 1
+        curve.overhead = other_seconds if first else 0.9 * curve.overhead + 0.1 * other_seconds
+
+    def report(self) -> dict[str, Any]:
+        """What the controller chose and why, for ``result.stats``."""
+        out: dict[str, Any] = {
+            "k_mode": f"auto:{self.mode}",
+            "calibration_seconds": self.calibration_seconds,
+            "k_histogram": {str(k): n for k, n in sorted(self.histogram.items())},
+            "plain_steps": self.plain_steps,
+            "probes": self.probes,
+            "acceptance_estimates": [round(a, 4) for a in self.acceptance.alphas()],
+            "cost_curve": self.curve.as_dict() if self.curve is not None else None,
+            "predicted_speedup": self.predicted_plain_seconds / self.predicted_seconds if self.predicted_seconds else None,
+            "measured_speedup": self.committed_plain_seconds / self.actual_seconds if self.actual_seconds else None,
+        }
+        if self.failed:
+            out["auto_fallback"] = self.failed
+        return out

@@ -1,0 +1,309 @@
+"""k="auto": the cost model, the controller's choices, exactness with K changing every step, bad input."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import verispec
+from verispec import adaptive
+from verispec.adaptive import Acceptance, AutoK, CostCurve, expected_tokens, parse_k
+from verispec.errors import VerispecError
+from verispec.sampling import SamplingConfig
+from verispec.testing import TableModel, tiny_model
+from tests.distribution import chi_square_pvalue, exact_distribution, sample_with_exercise
+from tests.distribution import LENGTH
+from tests.test_speculative import ALPHA, N_SAMPLES, VOCAB, _target
+
+K_MAX = adaptive.K_MAX
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Cost measurements go to a temporary cache; nothing measured in one test serves another."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(adaptive, "_MEASURED", {})
+
+
+def _curve(verify_per_row: float = 0.02, draft_per_token: float = 0.2) -> CostCurve:
+    """A synthetic machine: a verification pass costs 1 + verify_per_row per extra row, a draft token
+    ``draft_per_token`` (in plain-step units)."""
+    return CostCurve(verify=[1.0 + verify_per_row * m for m in range(adaptive.CURVE_ROWS)],
+                     draft=[draft_per_token * k for k in range(K_MAX + 1)])
+
+
+def _controller(curve: CostCurve, mode: str = "both") -> AutoK:
+    auto = AutoK(mode)
+    auto.curve = curve
+    return auto
+
+
+# ---------------------------------------------------------------- the arithmetic
+
+def test_expected_tokens_is_the_chain_formula():
+    alphas = [0.9, 0.5, 0.2]
+    assert expected_tokens(alphas, 0) == 1.0
+    assert expected_tokens(alphas, 1) == pytest.approx(1.9)
+    assert expected_tokens(alphas, 3) == pytest.approx(1 + 0.9 + 0.45 + 0.09)
+
+
+def test_acceptance_is_censoring_aware():
+    """After the first rejection, later positions were never judged: they must not count as rejected."""
+    acceptance = Acceptance()
+    for _ in range(50):
+        acceptance.observe(proposed=6, accepted=1)  # position 0 kept, 1 rejected, 2..5 never judged
+    assert acceptance.judged[2:] == [0.0] * (K_MAX - 2)
+    alphas = acceptance.alphas()
+    assert alphas[0] > 0.9 and alphas[1] < 0.1
+    # unjudged positions take the pooled rate (about half here), not zero
+    assert 0.3 < alphas[3] < 0.7
+    acceptance.observe(proposed=2, accepted=2)  # all kept: both positions judged, nothing rejected
+    assert acceptance.judged[2] == 0.0
+
+
+# ---------------------------------------------------------------- the choices
+
+def test_a_good_drafter_gets_a_long_k_and_a_bad_one_none():
+    good = _controller(_curve(draft_per_token=0.05))
+    for _ in range(40):
+        good.acceptance.observe(8, 8)
+    assert good.choose(budget=100) >= 6
+
+    bad = _controller(_curve(draft_per_token=0.4))
+    for _ in range(40):
+        bad.acceptance.observe(4, 0)
+    assert bad.choose(budget=100) == 0
+
+
+def test_k_is_never_above_the_budget():
+    auto = _controller(_curve(draft_per_token=0.01))
+    for _ in range(40):
+        auto.acceptance.observe(8, 8)
+    assert auto.choose(budget=3) == 3
+    assert auto.choose(budget=0) == 0
+
+
+def test_plain_decoding_probes_and_backs_off_then_speculation_returns():
+    """With K = 0 nothing is learned, so a probe runs after PROBE_FIRST plain steps, then after twice
+    as many while probes find nothing; once the text turns predictable, speculation comes back."""
+    auto = _controller(_curve(draft_per_token=0.1))  # a probe costs 0.12 plain steps: the doubling decides
+    for _ in range(40):
+        auto.acceptance.observe(4, 0)
+    ks = []
+    for _ in range(adaptive.PROBE_FIRST + 2 * adaptive.PROBE_FIRST + 2):
+        k = auto.choose(budget=1000)
+        ks.append(k)
+        auto.observe(k, k, 0, 1, 0.0, 1.0, 0.0)  # every probe rejected at once
+    probes = [i for i, k in enumerate(ks) if k]
+    assert probes[:2] == [adaptive.PROBE_FIRST, 3 * adaptive.PROBE_FIRST + 1]
+    assert auto.probe_after == 4 * adaptive.PROBE_FIRST
+    # the text turns copy-heavy: probes now see every candidate kept, and speculation stays on
+    ks = []
+    for _ in range(200):
+        k = auto.choose(budget=1000)
+        ks.append(k)
+        auto.observe(k, k, k, k + 1, 0.1 * k, 1.0, 0.0)
+    assert all(k > 0 for k in ks[-50:])
+    assert auto.probe_after == adaptive.PROBE_FIRST
+
+
+def test_an_expensive_draft_probes_less_often():
+    """Probes stay under PROBE_SHARE of the time: a draft costing 0.9 of a step waits ~46 plain steps."""
+    auto = _controller(_curve(draft_per_token=0.9))
+    for _ in range(40):
+        auto.acceptance.observe(4, 0)
+    ks = []
+    for _ in range(60):
+        k = auto.choose(budget=1000)
+        ks.append(k)
+        auto.observe(k, k, 0, 1, 0.9 * k, 1.0, 0.0)
+    first = ks.index(next(k for k in ks if k))
+    assert first == math.ceil((0.9 + 0.02) / (adaptive.PROBE_SHARE * 1.0))
+
+
+def test_a_short_proposal_ends_the_chain():
+    """Prompt lookup's match ran out after 2 kept candidates: position 2 counts as rejected."""
+    auto = _controller(_curve(draft_per_token=0.0))
+    for _ in range(30):
+        auto.choose(budget=100)
+        auto.observe(6, 2, 2, 3, 0.0, 1.0, 0.0)
+    alphas = auto.acceptance.alphas()
+    assert alphas[0] > 0.9 and alphas[1] > 0.9 and alphas[2] < 0.1
+
+
+def test_the_draft_side_stop_learns_which_confidences_fail():
+    """Tokens drafted with low confidence were always rejected, confident ones always kept: the stop
+    cuts after a doubtful token and not after a confident one."""
+    auto = _controller(_curve(draft_per_token=0.15))
+    for _ in range(60):
+        auto.acceptance.observe(3, 2, confidence=[0.95, 0.9, 0.15])
+    assert auto.choose(budget=100) > 0
+    assert auto.keep_drafting(0.95)
+    auto.choose(budget=100)
+    assert not auto.keep_drafting(0.12)
+    # "auto:cost" never consults the draft's confidence
+    assert not _controller(_curve(), "cost").wants_confidence
+
+
+# ---------------------------------------------------------------- exactness with K changing per step
+
+class RedrawsTheCutDraft(verispec.DraftModel):
+    """Negative control, wrong only where the draft-side stop cut a proposal after 2+ candidates (a
+    later position): the last candidate is redrawn uniformly, while q still says the draft sampled it."""
+
+    def propose(self, context, k):
+        proposal = super().propose(context, k)
+        tokens = proposal.tokens.clone()
+        if 2 <= tokens.numel() < k:
+            tokens[-1] = int(torch.randint(0, VOCAB, (1,), generator=context.generator))
+        return verispec.Proposal(tokens, proposal.probs, proposal.draft_calls)
+
+
+def _auto_law_test(monkeypatch, make, sampling: SamplingConfig):
+    """Sample with k="auto" on a synthetic cost curve; half of the controller's choices (K and the
+    draft-side stop) are overridden at random, so every K from 0 to the budget and cuts at every
+    position occur. Returns the p-value and what the runs did."""
+    import random
+
+    monkeypatch.setattr(adaptive, "cost_curve", lambda *a: (_curve(verify_per_row=0.05, draft_per_token=0.12), False))
+    chance = random.Random(0)
+    seen = {"k": set(), "cut": set(), "deep": 0}
+    choose, keep, observe = AutoK.choose, AutoK.keep_drafting, AutoK.observe
+
+    def random_choose(self, budget):
+        k = choose(self, budget)
+        return chance.randint(0, max(0, budget)) if chance.random() < 0.5 else k
+
+    def random_keep(self, confidence):
+        go_on = keep(self, confidence)
+        return chance.random() < 0.7 if chance.random() < 0.5 else go_on
+
+    def watch(self, asked, proposed, accepted, *rest):
+        seen["k"].add(asked)
+        if 0 < proposed < asked:
+            seen["cut"].add(proposed)
+        seen["deep"] += accepted >= 2
+        return observe(self, asked, proposed, accepted, *rest)
+
+    monkeypatch.setattr(AutoK, "choose", random_choose)
+    monkeypatch.setattr(AutoK, "keep_drafting", random_keep)
+    monkeypatch.setattr(AutoK, "observe", watch)
+    target = _target()
+    counts, _ = sample_with_exercise(target, make, sampling, N_SAMPLES)
+    return chi_square_pvalue(counts, exact_distribution(target, sampling)), seen
+
+
+def test_auto_k_preserves_the_target_distribution(monkeypatch):
+    draft = TableModel(vocab=VOCAB, seed=99, sharpness=1.5)
+    pvalue, seen = _auto_law_test(monkeypatch, lambda: verispec.DraftModel(draft, k="auto"), SamplingConfig(1.0))
+    # K took every value the budget allows; proposals were cut after 1, 2 and 3 candidates
+    assert seen["k"] == set(range(LENGTH - 1)) and seen["cut"] >= {1, 2, 3} and seen["deep"] > 0, seen
+    assert pvalue >= ALPHA, f"k='auto' departs from the target's law (p = {pvalue:.2e})"
+
+
+def test_auto_k_negative_control_is_detected(monkeypatch):
+    draft = TableModel(vocab=VOCAB, seed=99, sharpness=1.5)
+    pvalue, seen = _auto_law_test(monkeypatch, lambda: RedrawsTheCutDraft(draft, k="auto"), SamplingConfig(1.0))
+    assert seen["cut"] >= {2, 3}, seen
+    assert pvalue < ALPHA, f"redrawing cut proposals' last draft went undetected (p = {pvalue:.3f})"
+
+
+@pytest.mark.parametrize("mode", ["auto", "auto:cost", "auto:confidence"])
+def test_greedy_auto_equals_plain_greedy_for_every_drafter(mode):
+    target = tiny_model(vocab=16, seed=0, layers=3)
+    draft = tiny_model(vocab=16, seed=1, layers=1)
+    drafters = [verispec.DraftModel(draft, k=mode), verispec.LayerSkip([1], k=mode), verispec.EarlyExit(1, k=mode),
+                verispec.LowRank(rank=4, k=mode), verispec.PromptLookup(ngram=2, k=mode),
+                verispec.QuantizedDraft(8, k=mode)]
+    for prompt in ([1, 5, 9], [3, 3, 3, 3, 2, 3, 3]):
+        plain = verispec.generate(target, input_ids=prompt, max_new_tokens=30).token_ids
+        for drafter in drafters:
+            result = verispec.generate(target, input_ids=prompt, max_new_tokens=30, drafter=drafter)
+            assert result.token_ids == plain, drafter.method
+            s = result.stats
+            assert sum(s.k_histogram.values()) == s.decode_steps and s.k == mode
+            assert s.cost_curve is not None and len(s.cost_curve["verify_seconds"]) == adaptive.CURVE_ROWS
+            assert s.predicted_speedup > 0 and s.measured_speedup > 0 and s.plain_steps == s.k_histogram.get(0, 0)
+
+
+def test_costs_are_measured_once_per_process():
+    target, draft = tiny_model(vocab=16, seed=0), tiny_model(vocab=16, seed=1, layers=1)
+    run = lambda: verispec.generate(target, input_ids=[1, 2], max_new_tokens=20, sampling=SamplingConfig(1.0, seed=11),
+                                    drafter=verispec.DraftModel(draft, k="auto")).stats
+    assert run().calibration_seconds > 0
+    assert run().calibration_seconds == 0
+
+
+# ---------------------------------------------------------------- the cache and bad input
+
+def test_the_disk_cache_is_keyed_by_machine_and_rebuilt_when_wrong(tiny_llama, monkeypatch, caplog):
+    model = verispec.load_model(str(tiny_llama))
+    drafter = lambda: verispec.LayerSkip([1], k="auto")
+    verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=12, drafter=drafter())
+    files = list((adaptive.cache_dir() / "costs").glob("*.json"))
+    assert len(files) == 1 and not list(files[0].parent.glob("*.tmp*"))
+    stored = json.loads(files[0].read_text())
+    assert stored["key"]["machine"]["cpu"] and stored["key"]["machine"]["torch"] == torch.__version__
+
+    def fresh_run():
+        monkeypatch.setattr(adaptive, "_MEASURED", {})
+        return verispec.generate(model, input_ids=[1, 2, 3], max_new_tokens=12, drafter=drafter()).stats
+
+    assert fresh_run().calibration_seconds == 0  # read from disk
+    stored["key"]["machine"]["cpu"] = "another CPU"
+    files[0].write_text(json.dumps(stored))
+    with caplog.at_level(logging.INFO, logger="verispec.adaptive"):
+        assert fresh_run().calibration_seconds > 0
+    assert "another machine or version" in caplog.text
+    files[0].write_text("{not json")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="verispec.adaptive"):
+        assert fresh_run().calibration_seconds > 0
+    assert "unreadable" in caplog.text
+    assert json.loads(files[0].read_text())["curve"]["verify"]  # rewritten whole
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, True, "fast", "auto:greedy", "", None])
+def test_bad_k_is_a_clear_error(bad):
+    with pytest.raises(VerispecError, match="positive integer or 'auto'"):
+        parse_k(bad)
+    with pytest.raises(VerispecError, match="positive integer or 'auto'"):
+        verispec.PromptLookup(k=bad)
+
+
+def test_k_auto_spellings():
+    assert parse_k("auto") == "auto" and parse_k(" AUTO ") == "auto" and parse_k("auto:cost") == "auto:cost"
+    assert parse_k("3") == 3 and parse_k(8) == 8
+
+
+def test_a_drafter_failing_while_measured_falls_back_to_plain(caplog):
+    class Broken(verispec.DrafterBase):
+        method = "broken"
+        calls = 0
+
+        def propose(self, context, k):
+            raise RuntimeError("the draft device went away")
+
+    target = tiny_model(vocab=16, seed=0)
+    with caplog.at_level(logging.WARNING, logger="verispec.adaptive"):
+        result = verispec.generate(target, input_ids=[1, 2], max_new_tokens=10, drafter=Broken("auto"))
+    assert "decoding without speculation" in caplog.text
+    assert result.token_ids == verispec.generate(target, input_ids=[1, 2], max_new_tokens=10).token_ids
+    assert result.stats.k_histogram == {0: 9} and "the draft device went away" in result.stats.settings["auto_fallback"]
+
+
+def test_cli_takes_k_auto_and_refuses_nonsense(tiny_chat_pair):
+    from verispec.cli import main
+
+    runner, folder = CliRunner(), str(tiny_chat_pair[0])
+    ok = runner.invoke(main, ["generate", "x", "--model", folder, "--layer-skip", "1", "-k", "auto", "-n", "8", "--json"])
+    assert ok.exit_code == 0, ok.output
+    stats = json.loads(ok.output)["stats"]
+    assert stats["k"] == "auto" and stats["cost_curve"] and stats["predicted_speedup"]
+    bad = runner.invoke(main, ["generate", "x", "--model", folder, "--layer-skip", "1", "-k", "many"])
+    assert bad.exit_code != 0 and "positive integer or 'auto'" in bad.output and "Traceback" not in bad.output
