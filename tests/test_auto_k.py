@@ -91,14 +91,14 @@ def test_k_is_never_above_the_budget():
 def test_plain_decoding_probes_and_backs_off_then_speculation_returns():
     """With K = 0 nothing is learned, so a probe runs after PROBE_FIRST plain steps, then after twice
     as many while probes find nothing; once the text turns predictable, speculation comes back."""
-    auto = _controller(_curve(draft_per_token=0.1))  # a probe costs 0.12 plain steps: the doubling decides
+    auto = _controller(_curve(draft_per_token=0.05))  # a probe costs 0.07 plain steps: the doubling decides
     for _ in range(40):
         auto.acceptance.observe(4, 0)
     ks = []
     for _ in range(adaptive.PROBE_FIRST + 2 * adaptive.PROBE_FIRST + 2):
         k = auto.choose(budget=1000)
         ks.append(k)
-        auto.observe(k, k, 0, 1, 0.0, 1.0, 0.0)  # every probe rejected at once
+        auto.observe(k, k, 0, 1, 0.05 * k, 1.0 + 0.02 * k, 0.0)  # every probe rejected at once
     probes = [i for i, k in enumerate(ks) if k]
     assert probes[:2] == [adaptive.PROBE_FIRST, 3 * adaptive.PROBE_FIRST + 1]
     assert auto.probe_after == 4 * adaptive.PROBE_FIRST
@@ -107,21 +107,21 @@ def test_plain_decoding_probes_and_backs_off_then_speculation_returns():
     for _ in range(200):
         k = auto.choose(budget=1000)
         ks.append(k)
-        auto.observe(k, k, k, k + 1, 0.1 * k, 1.0, 0.0)
+        auto.observe(k, k, k, k + 1, 0.05 * k, 1.0 + 0.02 * k, 0.0)
     assert all(k > 0 for k in ks[-50:])
     assert auto.probe_after == adaptive.PROBE_FIRST
 
 
 def test_an_expensive_draft_probes_less_often():
-    """Probes stay under PROBE_SHARE of the time: a draft costing 0.9 of a step waits ~46 plain steps."""
+    """Probes stay under PROBE_SHARE of the time: a draft costing 0.9 of a step waits ~92 plain steps."""
     auto = _controller(_curve(draft_per_token=0.9))
     for _ in range(40):
         auto.acceptance.observe(4, 0)
     ks = []
-    for _ in range(60):
+    for _ in range(120):
         k = auto.choose(budget=1000)
         ks.append(k)
-        auto.observe(k, k, 0, 1, 0.9 * k, 1.0, 0.0)
+        auto.observe(k, k, 0, 1, 0.9 * k, 1.0 + 0.02 * k, 0.0)
     first = ks.index(next(k for k in ks if k))
     assert first == math.ceil((0.9 + 0.02) / (adaptive.PROBE_SHARE * 1.0))
 

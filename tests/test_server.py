@@ -192,6 +192,7 @@ def test_per_request_drafter_k_and_rule(server):
     cases = [({"drafter": "prompt-lookup:ngram=1", "k": 2}, "prompt-lookup", 2, True),
              ({"drafter": "layer-skip:skip=1"}, "layer-skip", 4, True),
              ({"k": 5}, "draft-model", 5, True),
+             ({"k": "auto"}, "draft-model", "auto", True),
              ({"acceptance": "lenient:0.5"}, "draft-model", K, False)]
     for ext, method, k, exact in cases:
         response = client.completions.create(model="any", prompt="the cat sat on", max_tokens=12, temperature=0.7,
@@ -199,6 +200,8 @@ def test_per_request_drafter_k_and_rule(server):
         block = response.model_extra["verispec"]
         assert (block["method"], block["k"], block["exact"]) == (method, k, exact), ext
         assert block["target_calls"] >= 1 and block["wall_seconds"] > 0
+        assert sum(block["k_histogram"].values()) == block["target_calls"] - 1
+        assert ("predicted_speedup" in block) == (k == "auto")
 
 
 def test_models_health_and_metrics(server):
@@ -241,6 +244,8 @@ def test_models_health_and_metrics(server):
     ({"prompt": "x", "tools": []}, "tools", ["unknown field"]),
     ({"prompt": "x", "verispec": {"draft": "x"}}, "verispec.draft", ["unknown field"]),
     ({"prompt": "x", "verispec": {"k": 0}}, "verispec.k", []),
+    ({"prompt": "x", "verispec": {"k": "fast"}}, "verispec.k", ["'auto'"]),
+    ({"prompt": "x", "verispec": {"k": 65}}, "verispec.k", ["at most 64"]),
     ({"prompt": "x", "verispec": {"drafter": "warp-drive"}}, "verispec.drafter", ["unknown drafter"]),
     ({"prompt": "x", "verispec": {"drafter": "layer-skip:skip=/etc/passwd"}}, "verispec.drafter", ["settings files"]),
     ({"prompt": "x", "verispec": {"drafter": "layer-skip:skip=9"}}, "verispec", ["outside"]),

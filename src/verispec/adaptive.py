@@ -57,7 +57,8 @@ K_MAX = 8  # the largest K the controller considers
 CURVE_ROWS = 16  # verification passes measured over M = 1..CURVE_ROWS positions
 MARGIN = 0.03  # a K > 0 must be predicted this much faster than plain decoding
 PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps before a probe (doubling while probes fail) ...
-PROBE_SHARE = 0.02  # ... and at least enough that probes cost at most this share of the time
+PROBE_SHARE = 0.01  # ... and at least enough that probes cost at most this share of the time
+ROUNDS = 3  # measurements per point of the cost curve (the fastest counts)
 DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20 steps)
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
@@ -192,7 +193,7 @@ def cost_curve(model: Any, drafter: Any, context: Any) -> tuple[CostCurve, bool]
 
 def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
     """Time real steps without committing anything: for K = 0..K_MAX a proposal and its verification
-    through the drafter (best of two), then plain passes over M = K_MAX+2..CURVE_ROWS positions. The
+    through the drafter (best of ROUNDS, interleaved), then plain passes over M = K_MAX+2..CURVE_ROWS positions. The
     caches are rolled back after each, and the drafter draws from its own generator, so the run's
     random stream (and therefore its output for a seed) is the same whether or not this runs."""
     cache, n = context.cache, len(context.tokens)
@@ -207,7 +208,7 @@ def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
         drafter.accepted(0)
         model.forward(torch.tensor([last]), cache, n - 1)
         cache.rollback(n - 1)
-        for _ in range(2):
+        for _ in range(ROUNDS):
             for k in range(min(K_MAX, room - 1) + 1):
                 t0 = time.perf_counter()
                 proposal = drafter.propose(probe, k) if k else None
@@ -304,6 +305,15 @@ class Acceptance:
         return (self.bin_kept[b] + PRIOR_WEIGHT * self.pooled) / (self.bin_judged[b] + PRIOR_WEIGHT)
 
 
+def _drift(scale: float, ratio: float) -> float:
+    """One step's observed/curve time ratio folded into ``scale`` (an average in log space; one
+    observation moves it at most 2x, so a pause in the process does not reprice every K)."""
+    if not ratio > 0:
+        return scale
+    step = max(-math.log(2), min(math.log(2), math.log(ratio) - math.log(scale)))
+    return scale * math.exp(0.1 * step)
+
+
 def expected_tokens(alphas: list[float], k: int) -> float:
     """Committed tokens per step with k candidates: 1 + sum_{j<k} prod_{i<=j} alpha_i."""
     total, reach = 1.0, 1.0
@@ -330,6 +340,7 @@ class AutoK:
         self.probe_after = PROBE_FIRST
         self.failed: str | None = None
         self.calibration_seconds = 0.0
+        self.verify_scale = self.draft_scale = 1.0  # what the run's steps take relative to the measured curve
         # predicted and measured, summed over steps (plain-step seconds are the yardstick)
         self.predicted_plain_seconds = self.predicted_seconds = 0.0
         self.committed_plain_seconds = self.actual_seconds = 0.0
@@ -358,7 +369,8 @@ class AutoK:
         return self.curve is not None and not self.failed
 
     def cost(self, k: int) -> float:
-        return self.curve.draft[k] + self.curve.verify[k] + self.curve.overhead
+        curve = self.curve
+        return curve.draft[k] * self.draft_scale + curve.verify[k] * self.verify_scale + curve.overhead
 
     def rates(self, budget: int = K_MAX) -> list[float]:
         """Predicted committed tokens per second for K = 0..min(K_MAX, budget)."""
@@ -446,12 +458,13 @@ class AutoK:
         self.predicted_seconds += seconds
         self.committed_plain_seconds += plain * committed
         self.actual_seconds += draft_seconds + verify_seconds + other_seconds
-        # refine the measured costs with what this step took
+        # Track drift (a longer context, a busier machine) with one factor per curve: the measured shape
+        # is kept, so a K rarely run is never judged by stale or noisy numbers of its own.
         rows = proposed + 1
         if rows <= CURVE_ROWS:
-            curve.verify[rows - 1] = 0.8 * curve.verify[rows - 1] + 0.2 * verify_seconds
-        if proposed == asked and 0 < asked <= K_MAX:
-            curve.draft[asked] = 0.8 * curve.draft[asked] + 0.2 * draft_seconds
+            self.verify_scale = _drift(self.verify_scale, verify_seconds / curve.verify[rows - 1])
+        if 0 < proposed <= K_MAX and curve.draft[proposed] > 0:
+            self.draft_scale = _drift(self.draft_scale, draft_seconds / curve.draft[proposed])
         first = sum(self.histogram.values()) == 1
         curve.overhead = other_seconds if first else 0.9 * curve.overhead + 0.1 * other_seconds
 
@@ -464,7 +477,8 @@ class AutoK:
             "plain_steps": self.plain_steps,
             "probes": self.probes,
             "acceptance_estimates": [round(a, 4) for a in self.acceptance.alphas()],
-            "cost_curve": self.curve.as_dict() if self.curve is not None else None,
+            "cost_curve": ({**self.curve.as_dict(), "verify_scale": round(self.verify_scale, 4),
+                            "draft_scale": round(self.draft_scale, 4)} if self.curve is not None else None),
             "predicted_speedup": self.predicted_plain_seconds / self.predicted_seconds if self.predicted_seconds else None,
             "measured_speedup": self.committed_plain_seconds / self.actual_seconds if self.actual_seconds else None,
         }

@@ -326,7 +326,11 @@ def speculation(result: GenerationResult, return_token_ids: bool) -> dict[str, A
              "acceptance_rate_by_position": s.acceptance_rate_by_position,
              "mean_accepted_length": s.mean_accepted_length, "wall_seconds": round(s.wall_seconds, 4),
              "prefill_seconds": round(s.prefill_seconds, 4), "tokens_per_second": round(s.tokens_per_second, 2),
-             "quantization": s.settings.get("quantization")}
+             "quantization": s.settings.get("quantization"),
+             "k_histogram": {str(k): n for k, n in (s.k_histogram or {}).items()}}
+    if s.predicted_speedup is not None:  # k="auto": the controller's account
+        block.update(plain_steps=s.plain_steps, probes=s.probes, predicted_speedup=round(s.predicted_speedup, 3),
+                     measured_speedup=round(s.measured_speedup, 3), acceptance_estimates=s.acceptance_estimates)
     if return_token_ids:
         block["token_ids"] = list(result.token_ids)
     return block
