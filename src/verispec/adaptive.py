@@ -7,20 +7,16 @@ a draft model's catch-up are what is measured). During the run it keeps, per can
 an estimate of alpha_i = P(candidate i accepted | candidate i judged), censoring-aware: a position
 after the first rejection was never judged and teaches nothing. Each step it predicts
 
-    tokens(K) = 1 + sum_{j < K} prod_{i <= j} q_i alpha_i
-    cost(K)   = draft(rows - 1) + verify(rows) + overhead,  rows = 1 + sum_{j < K} prod_{i <= j} q_i
-
-(seconds; K = 0 is plain decoding; q_i = P(the drafter proposes position i | it proposed the earlier
-ones), 1 for a draft model, lower for prompt lookup whose match runs out)
+    tokens(K) = 1 + sum_{j < K} prod_{i <= j} alpha_i
+    cost(K)   = draft(K) + verify(K + 1) + overhead          (seconds; K = 0 is plain decoding)
 
 and runs the K with the most tokens per second. K = 0 wins unless a K > 0 is predicted to beat it by
 ``MARGIN``. Without speculation nothing is learned about acceptance, so a probe step (the best K > 0)
 runs after ``PROBE_FIRST`` plain steps, then after twice as many each time the probe does not switch
 speculation back on (up to ``PROBE_MAX``), and never more often than keeps probes under ``PROBE_SHARE``
 of the time (an expensive draft probes less often): speculation returns when the text turns
-copy-heavy again. How far proposals reach is estimated too (prompt lookup's match runs out; the
-draft-side stop ends a proposal): a step is priced by the rows it is expected to verify, so a drafter
-that often proposes nothing is not charged for K rows it never fills.
+copy-heavy again. A proposal that ends before K without the draft-side stop (prompt lookup's match ran
+out) counts as a rejection at the position where it ended: the chain stopped there.
 
 Draft-side stop (drafters with a distribution): after each drafted token the drafter asks whether to
 go on. The controller keeps the acceptance rate of drafted tokens by the draft's confidence (the
@@ -269,23 +265,16 @@ class Acceptance:
     def __init__(self, positions: int = K_MAX) -> None:
         self.judged = [0.0] * positions
         self.kept = [0.0] * positions
-        self.attempted = [0.0] * positions  # the drafter could have proposed position i (asked for it,
-        self.offered = [0.0] * positions  # and proposed every earlier one) / and did
         self.pooled_judged = self.pooled_kept = 0.0
         self.bin_judged = [0.0] * BINS  # by draft confidence
         self.bin_kept = [0.0] * BINS
 
-    def observe(self, proposed: int, accepted: int, confidence: list[float] | None = None, asked: int = 0) -> None:
-        """One step: ``asked`` candidates allowed, ``proposed`` drafted, the first ``accepted`` kept.
-        Positions 0..accepted were judged (the last of them rejected unless all were kept); later ones
-        were not. Positions 0..min(proposed, asked - 1) were open to the drafter, and the first
-        ``proposed`` of them it filled (prompt lookup's match may run out; the draft-side stop may end
-        a proposal): ``proposal_rates`` estimates how far proposals reach."""
-        for values in (self.judged, self.kept, self.bin_judged, self.bin_kept, self.attempted, self.offered):
-            values[:] = [DECAY * v for v in values]
-        for i in range(min(proposed + 1, asked, len(self.attempted))):
-            self.attempted[i] += 1
-            self.offered[i] += float(i < proposed)
+    def observe(self, proposed: int, accepted: int, confidence: list[float] | None = None) -> None:
+        """One step: ``proposed`` candidates, the first ``accepted`` kept. Positions 0..accepted were
+        judged (the last of them rejected unless all were kept); later ones were not."""
+        for values, decay in ((self.judged, DECAY), (self.kept, DECAY), (self.bin_judged, DECAY),
+                              (self.bin_kept, DECAY)):
+            values[:] = [decay * v for v in values]
         self.pooled_judged *= POOLED_DECAY
         self.pooled_kept *= POOLED_DECAY
         for i in range(min(proposed, accepted + 1, len(self.judged))):
@@ -307,10 +296,6 @@ class Acceptance:
         pooled = self.pooled
         return [(k + PRIOR_WEIGHT * pooled) / (j + PRIOR_WEIGHT) for k, j in zip(self.kept, self.judged)]
 
-    def proposal_rates(self) -> list[float]:
-        """P(position i proposed | every earlier one was and K > i); prior: always (weight PRIOR_WEIGHT)."""
-        return [(o + PRIOR_WEIGHT) / (a + PRIOR_WEIGHT) for o, a in zip(self.offered, self.attempted)]
-
     @staticmethod
     def bin(confidence: float) -> int:
         return min(BINS - 1, max(0, int(confidence * BINS)))
@@ -318,12 +303,6 @@ class Acceptance:
     def by_confidence(self, confidence: float) -> float:
         b = self.bin(confidence)
         return (self.bin_kept[b] + PRIOR_WEIGHT * self.pooled) / (self.bin_judged[b] + PRIOR_WEIGHT)
-
-
-def _at(values: list[float], x: float) -> float:
-    """values[x] with linear interpolation between integer points."""
-    i = min(int(x), len(values) - 2)
-    return values[i] + (x - i) * (values[i + 1] - values[i])
 
 
 def _drift(scale: float, ratio: float) -> float:
@@ -371,6 +350,7 @@ class AutoK:
         self._rate = 0.0
         self._reach = 1.0
         self._confidence: list[float] = []
+        self._stopped = False  # the draft-side stop ended this proposal
         self._alphas = self.acceptance.alphas()
 
     def start(self, model: Any, drafter: Any, context: Any) -> None:
@@ -388,31 +368,19 @@ class AutoK:
     def active(self) -> bool:
         return self.curve is not None and not self.failed
 
-    def cost(self, k: int, rows: float | None = None) -> float:
-        """Seconds of a step with k candidates allowed, verifying ``rows`` positions on average (k + 1
-        by default) after drafting rows - 1."""
+    def cost(self, k: int) -> float:
         curve = self.curve
-        rows = k + 1 if rows is None else rows
-        return (_at(curve.draft, rows - 1) * self.draft_scale + _at(curve.verify, rows - 1) * self.verify_scale
-                + curve.overhead)
+        return curve.draft[k] * self.draft_scale + curve.verify[k] * self.verify_scale + curve.overhead
 
     def rates(self, budget: int = K_MAX) -> list[float]:
-        """Predicted committed tokens per second for K = 0..min(K_MAX, budget).
-
-        With q_i = P(position i proposed | reached) and alpha_i = P(accepted | proposed): tokens(K) =
-        1 + sum_{j<K} prod_{i<=j} q_i alpha_i, and the step verifies 1 + sum_{j<K} prod_{i<=j} q_i rows
-        on average (a proposal shorter than K costs what it holds: prompt lookup without a match costs
-        a plain step), drafting one fewer."""
+        """Predicted committed tokens per second for K = 0..min(K_MAX, budget)."""
         self._alphas = alphas = self.acceptance.alphas()
-        offered = self.acceptance.proposal_rates()
-        rates, tokens, reach, rows = [], 1.0, 1.0, 1.0
+        rates, tokens, reach = [], 1.0, 1.0
         for k in range(min(K_MAX, budget) + 1):
             if k:
-                rows_reach = reach * offered[k - 1]
-                rows += rows_reach
-                reach = rows_reach * alphas[k - 1]
+                reach *= alphas[k - 1]
                 tokens += reach
-            rates.append(tokens / self.cost(k, rows))
+            rates.append(tokens / self.cost(k))
         return rates
 
     def choose(self, budget: int) -> int:
@@ -435,18 +403,9 @@ class AutoK:
         else:
             k = 0
         self._rate = rates[k]
-        seconds = self._expected_cost(k)
-        self._prediction = (rates[k] * seconds, seconds)
-        self._reach, self._confidence = 1.0, []
+        self._prediction = (rates[k] * self.cost(k), self.cost(k))
+        self._reach, self._confidence, self._stopped = 1.0, [], False
         return k
-
-    def _expected_cost(self, k: int) -> float:
-        offered, rows, reach = self.acceptance.proposal_rates(), 1.0, 1.0
-        for j in range(k):
-            reach *= offered[j]
-            rows += reach
-            reach *= self._alphas[j]
-        return self.cost(k, rows)
 
     def _probe_wait(self, k: int) -> float:
         """Plain steps between probes so that probing with k candidates costs at most PROBE_SHARE of
@@ -467,7 +426,9 @@ class AutoK:
         self._reach *= self.acceptance.by_confidence(confidence)
         curve = self.curve
         extra_seconds = (curve.draft[k + 1] - curve.draft[k]) + (curve.verify[k + 1] - curve.verify[k])
-        return self._reach * self._alphas[k] > extra_seconds * self._rate
+        go_on = self._reach * self._alphas[k] > extra_seconds * self._rate
+        self._stopped = not go_on
+        return go_on
 
     def observe(self, asked: int, proposed: int, accepted: int, committed: int, draft_seconds: float,
                 verify_seconds: float, other_seconds: float) -> None:
@@ -476,7 +437,11 @@ class AutoK:
         if not self.active:
             return
         curve = self.curve
-        self.acceptance.observe(proposed, accepted, self._confidence or None, asked)
+        # A proposal shorter than asked that was kept whole ended the chain there (prompt lookup's match
+        # ran out; a drafter with nothing to propose): that position counts as a rejection, unless the
+        # draft-side stop chose to end it.
+        chain_ended = accepted == proposed < asked and not self._stopped
+        self.acceptance.observe(proposed + chain_ended, accepted, self._confidence or None)
         self.histogram[asked] = self.histogram.get(asked, 0) + 1
         if asked:
             self.since_speculation = 0
