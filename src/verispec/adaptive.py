@@ -39,7 +39,6 @@ import json
 import logging
 import math
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from typing import Any
 import torch
 
 from verispec.errors import VerispecError
+from verispec.machine import cpu_flags_digest, cpu_name
 from verispec.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -109,16 +109,7 @@ def machine() -> dict[str, Any]:
     """What a cost measurement depends on besides the models: CPU, its features, versions, threads."""
     import verispec
 
-    cpu, flags = platform.processor() or "unknown", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = hashlib.sha256(line.split(":", 1)[1].strip().encode()).hexdigest()[:16]
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_flags": flags, "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    return {"cpu": cpu_name(), "cpu_flags": cpu_flags_digest(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "verispec": verispec.__version__, "cache_version": CACHE_VERSION}
 
 
@@ -314,13 +305,18 @@ def _drift(scale: float, ratio: float) -> float:
     return scale * math.exp(0.1 * step)
 
 
-def expected_tokens(alphas: list[float], k: int) -> float:
-    """Committed tokens per step with k candidates: 1 + sum_{j<k} prod_{i<=j} alpha_i."""
-    total, reach = 1.0, 1.0
-    for a in alphas[:k]:
+def chain_tokens(alphas: list[float], k_max: int) -> list[float]:
+    """Committed tokens per step with K = 0..k_max candidates: 1 + sum_{j<K} prod_{i<=j} alpha_i."""
+    out, total, reach = [1.0], 1.0, 1.0
+    for a in alphas[:k_max]:
         reach *= a
         total += reach
-    return total
+        out.append(total)
+    return out
+
+
+def expected_tokens(alphas: list[float], k: int) -> float:
+    return chain_tokens(alphas, k)[k]
 
 
 # ------------------------------------------------------------------------------------------ controller
@@ -334,7 +330,7 @@ class AutoK:
         self.mode = mode
         self.curve: CostCurve | None = None
         self.acceptance = Acceptance()
-        self.histogram: dict[int, int] = {}
+        self.steps = 0
         self.plain_steps = self.probes = 0
         self.since_speculation = 0  # plain steps in a row
         self.probe_after = PROBE_FIRST
@@ -374,14 +370,8 @@ class AutoK:
 
     def rates(self, budget: int = K_MAX) -> list[float]:
         """Predicted committed tokens per second for K = 0..min(K_MAX, budget)."""
-        self._alphas = alphas = self.acceptance.alphas()
-        rates, tokens, reach = [], 1.0, 1.0
-        for k in range(min(K_MAX, budget) + 1):
-            if k:
-                reach *= alphas[k - 1]
-                tokens += reach
-            rates.append(tokens / self.cost(k))
-        return rates
+        self._alphas = self.acceptance.alphas()
+        return [tokens / self.cost(k) for k, tokens in enumerate(chain_tokens(self._alphas, min(K_MAX, budget)))]
 
     def choose(self, budget: int) -> int:
         """K for the next step (``budget``: candidates the run can still use)."""
@@ -442,7 +432,7 @@ class AutoK:
         # draft-side stop chose to end it.
         chain_ended = accepted == proposed < asked and not self._stopped
         self.acceptance.observe(proposed + chain_ended, accepted, self._confidence or None)
-        self.histogram[asked] = self.histogram.get(asked, 0) + 1
+        self.steps += 1
         if asked:
             self.since_speculation = 0
         else:
@@ -465,15 +455,13 @@ class AutoK:
             self.verify_scale = _drift(self.verify_scale, verify_seconds / curve.verify[rows - 1])
         if 0 < proposed <= K_MAX and curve.draft[proposed] > 0:
             self.draft_scale = _drift(self.draft_scale, draft_seconds / curve.draft[proposed])
-        first = sum(self.histogram.values()) == 1
-        curve.overhead = other_seconds if first else 0.9 * curve.overhead + 0.1 * other_seconds
+        curve.overhead = other_seconds if self.steps == 1 else 0.9 * curve.overhead + 0.1 * other_seconds
 
     def report(self) -> dict[str, Any]:
         """What the controller chose and why, for ``result.stats``."""
         out: dict[str, Any] = {
             "k_mode": f"auto:{self.mode}",
             "calibration_seconds": self.calibration_seconds,
-            "k_histogram": {str(k): n for k, n in sorted(self.histogram.items())},
             "plain_steps": self.plain_steps,
             "probes": self.probes,
             "acceptance_estimates": [round(a, 4) for a in self.acceptance.alphas()],

@@ -19,17 +19,8 @@ from verispec.bench.engines import Engines, prompt_ids, weight_bytes_per_token
 from verispec.bench.records import SCHEMA_VERSION, make_record, mode_label
 from verispec.bench.workloads import Prompt, load_workload
 from verispec.errors import VerispecError
+from verispec.machine import cpu_name
 from verispec.sampling import SamplingConfig
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def hardware(threads: int | None = None) -> dict[str, Any]:
