@@ -13,6 +13,7 @@ or on CPUs without AVX2/FMA, or with ``VERISPEC_KERNELS=0``, everything runs on 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 16
-SOURCES = ("attention.cpp", "bf16_gemv.cpp", "int8_linear.cpp", "module.cpp")
+SOURCES = ("attention.cpp", "bf16_gemv.cpp", "int8_linear.cpp", "layers.cpp", "module.cpp")
 _state: dict[str, object] = {}
 
 
@@ -41,9 +42,12 @@ def _load() -> object | None:
 
             log.info("loading verispec's kernels (compiled on first use only: about a minute)")
             sources = [str(Path(__file__).with_name(n)) for n in SOURCES]
+            # torch rebuilds when a source or a flag changes, not a header: the headers' digest is a flag.
+            headers = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.h"))))
             # -ffp-contract=off: no fused multiply-adds the torch fallback would not also do.
             module = load("verispec_kernels", sources, extra_ldflags=["-fopenmp"],
-                          extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off"])
+                          extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off",
+                                        f"-DVERISPEC_HEADERS={headers.hexdigest()[:16]}"])
         except Exception as exc:  # no compiler, no ninja: slower, still correct
             log.warning("could not compile verispec's kernels (%s); using torch's ops", exc)
     _state["module"] = module
@@ -77,6 +81,36 @@ class Linear(torch.nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
+def fused_layers() -> bool:
+    """Whether few-row passes run their decoder layers in one compiled call (``layers.cpp``), which
+    gives the same bits as the layer-by-layer Python path; ``VERISPEC_FUSED_LAYERS=0`` turns it off
+    (for comparisons)."""
+    return os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0" and _load() is not None
+
+
+def layer_stack(parts: list[torch.nn.Module], config) -> object | None:
+    """A compiled ``LayerStack`` over decoder layers given as [attn_norm, mlp_norm, qkv, o, gate_up, down]
+    per layer, or None when a matrix is neither a float ``Linear`` nor an ``Int8Linear``."""
+    empty = torch.empty(0)
+    layers = []
+    for i in range(0, len(parts), 6):
+        attn_norm, mlp_norm, *matrices = parts[i:i + 6]
+        tensors = [attn_norm.weight]
+        for module in matrices:
+            if isinstance(module, Int8Linear):
+                tensors += [module.weight, module.scale, module.row_sums]
+            elif type(module) in (Linear, torch.nn.Linear):
+                tensors += [module.weight, empty, empty]
+            else:
+                return None
+            tensors.append(empty if module.bias is None else module.bias)
+            if len(tensors) == 9:
+                tensors.append(mlp_norm.weight)
+        layers.append(tensors)  # the tensors themselves: a later ``param.data = ...`` shows through
+    return _load().LayerStack(layers, config.num_heads, config.num_kv_heads, config.head_dim,
+                              config.rms_norm_eps, config.head_dim ** -0.5)
+
+
 INVARIANT_ROWS = 64  # passes of at most this many rows (decode, verification) take the row-by-row attention
 
 
@@ -86,8 +120,8 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
     Up to ``INVARIANT_ROWS`` rows, each row is computed alone in a fixed order (the compiled kernel,
     or one torch pass per row shaped exactly like a one-token step), so its bits do not depend on how
-    many rows share the pass. Longer passes (prompts) use torch's batched matmuls: faster, and a
-    prompt is processed the same way whether the run is plain or speculative.
+    many rows share the pass. Longer passes (prompts) use torch's fused scaled_dot_product_attention:
+    faster, and a prompt is processed the same way whether the run is plain or speculative.
     """
     H, T, D = q.shape
     KV = keys.shape[0]
@@ -95,23 +129,22 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
         module = _load()
         if module is not None:
             return module.causal_attention(q, keys, values, start)
-        return torch.cat([_grouped_attention(q[:, t:t + 1], keys[:, :start + t + 1], values[:, :start + t + 1], None)
+        return torch.cat([_grouped_attention(q[:, t:t + 1], keys[:, :start + t + 1], values[:, :start + t + 1])
                           for t in range(T)])
-    mask = torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)  # [T, start + T]
-    return _grouped_attention(q, keys, values, mask)
+    # A prompt: torch's fused attention (q is already scaled), masked so row t sees positions <= start + t.
+    mask = None if start == 0 else torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
+    out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=start == 0,
+                                         scale=1.0, enable_gqa=KV != H)
+    return out[0].transpose(0, 1).reshape(T, H * D)
 
 
-def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       mask: torch.Tensor | None) -> torch.Tensor:
-    """Grouped-query attention as batched matmuls over KV groups (cheaper than SDPA for a few rows):
+def _grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One row's grouped-query attention as batched matmuls over KV groups (cheaper than SDPA for a row):
     query heads j*G .. j*G+G-1 share KV head j, as transformers' repeat_kv lays them out."""
     H, T, D = q.shape
     KV = keys.shape[0]
     grouped = q.reshape(KV, (H // KV) * T, D)  # [KV, G*T, D]
-    scores = torch.bmm(grouped, keys.transpose(1, 2))  # [KV, G*T, S]
-    if mask is not None:
-        scores = scores.view(KV, H // KV, T, -1).masked_fill(~mask, float("-inf")).view(KV, (H // KV) * T, -1)
-    probs = torch.softmax(scores, dim=-1)
+    probs = torch.softmax(torch.bmm(grouped, keys.transpose(1, 2)), dim=-1)  # [KV, G*T, S]
     return torch.bmm(probs, values).view(H, T, D).transpose(0, 1).reshape(T, H * D)
 
 
@@ -234,24 +267,55 @@ def few_row_path() -> str:
     return chosen
 
 
+ROW_COUNTS = (1, 2, 4, 8, 16)  # the row counts ``int8_path`` measures
+
+
+def int8_path(rows: int) -> str:
+    """The int8 path for a product over ``rows`` rows: among the paths that read the weights in the layout
+    ``few_row_path`` stored them in, the fastest at the nearest measured row count at or above ``rows``
+    (measured once per process on products larger than the CPU's L2 cache, as a model's weights are;
+    VERISPEC_INT8_PATH fixes one path). More than ``INVARIANT_ROWS`` rows (a prompt) take torch's
+    _int_mm, or AMX tiles where those are the layout's path. Every path gives the same integers."""
+    table = _state.get("int8_table")
+    if table is None:
+        table = _state["int8_table"] = _row_count_table()
+    if rows > INVARIANT_ROWS:
+        return "amx" if few_row_path() == "amx" else "intmm"
+    return table[next((i for i, m in enumerate(ROW_COUNTS) if m >= rows), len(ROW_COUNTS) - 1)]
+
+
+def _row_count_table() -> list[str]:
+    chosen = few_row_path()
+    same_layout = tuple(p for p in int8_paths() if p != "intmm" and weight_layout(p) == weight_layout(chosen))
+    if os.environ.get("VERISPEC_INT8_PATH") or len(same_layout) < 2:
+        return [chosen] * len(ROW_COUNTS)
+    timings = {m: measure_int8_paths(same_layout, rows=(m,), matrices=4, repeats=3) for m in ROW_COUNTS}
+    table = [min(timings[m], key=timings[m].get) for m in ROW_COUNTS]
+    log.info("int8 path by rows: %s", ", ".join(f"{m}: {p}" for m, p in zip(ROW_COUNTS, table)))
+    return table
+
+
 def measure_int8_paths(paths: tuple[str, ...], rows: tuple[int, ...] = (1, 8), out: int = 4096,
-                       inner: int = 1536, repeats: int = 5) -> dict[str, float]:
-    """Median seconds of each path over ``rows`` (summed) on one [out, inner] product (~6 MB of weights)."""
+                       inner: int = 1536, repeats: int = 5, matrices: int = 1) -> dict[str, float]:
+    """Median seconds of each path over ``rows`` (summed) on ``matrices`` [out, inner] products in turn
+    (~6 MB of weights each; several exceed the L2 cache, as a model's layers do)."""
     import time
 
-    rows_weight = torch.randint(-127, 128, (out, inner), dtype=torch.int8)
-    sums = rows_weight.sum(dim=1, dtype=torch.int32)
+    rows_weights = [torch.randint(-127, 128, (out, inner), dtype=torch.int8) for _ in range(matrices)]
+    sums = [w.sum(dim=1, dtype=torch.int32) for w in rows_weights]
     timings = {}
     for path in paths:
-        weight = pack_vnni(rows_weight) if weight_layout(path) == "packed" else rows_weight
+        weights = [pack_vnni(w) if weight_layout(path) == "packed" else w for w in rows_weights]
         total = 0.0
         for m in rows:
             q = torch.randint(-127, 128, (m, inner), dtype=torch.int8)
-            int8_accumulate(q, weight, sums, path)  # warm-up
+            for weight, total_sums in zip(weights, sums):
+                int8_accumulate(q, weight, total_sums, path)  # warm-up
             runs = []
             for _ in range(repeats):
                 begin = time.perf_counter()
-                int8_accumulate(q, weight, sums, path)
+                for weight, total_sums in zip(weights, sums):
+                    int8_accumulate(q, weight, total_sums, path)
                 runs.append(time.perf_counter() - begin)
             total += sorted(runs)[len(runs) // 2]
         timings[path] = total
@@ -271,10 +335,7 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, row_
     rows = x.numel() // x.shape[-1]
     module = _load()
     if module is not None:
-        path = few_row_path()
-        if rows > INVARIANT_ROWS and path != "amx":  # AMX tiles are a GEMM kernel too: prompts stay on them
-            path = "intmm"
-        return module.int8_linear(x, weight, scale, row_sums, bias, path)
+        return module.int8_linear(x, weight, scale, row_sums, bias, int8_path(rows))
     q, x_scale = quantize_rows(x)
     y = int8_accumulate(q, weight, row_sums, "torch").float() * x_scale[:, None] * scale
     if bias is not None:

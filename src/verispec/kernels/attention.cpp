@@ -3,8 +3,8 @@
 // Why: torch's batched matmuls pick different blockings (and so different summation orders) for
 // different numbers of rows, so a token's attention output could differ in its last bits between a
 // verification pass over K+1 rows and a plain one-row step. Here every (head, row) is computed by
-// the same code whatever else is in the call: scores in fixed 8-lane order, softmax in sequence,
-// the weighted sum of values key by key. Rows verified together equal rows decoded one at a time,
+// the same code whatever else is in the call: scores in fixed 8-lane order, softmax in blocks of 8
+// keys from the first, the weighted sum of values key by key. Rows verified together equal rows decoded one at a time,
 // bit for bit, and with integer-exact matrix products (int8) so do the logits.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -13,30 +13,86 @@
 #include <limits>
 #include <vector>
 
+#include "vec_math.h"
+
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+// Sum of 8 lanes in a fixed order: ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).
+inline float lanes_sum(__m256 acc) {
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, acc);
-  float s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
-inline void axpy(float w, const float* x, float* y, int64_t n) {  // y += w * x
-  const __m256 wv = _mm256_set1_ps(w);
+// Dot products of one query with B keys at once (independent accumulators, so the FMA latency of one
+// chain overlaps the others); each product is the 8-lane sum over d in steps of 8, then lanes_sum,
+// then the tail elements one by one: the same operations for a key whichever block it falls in.
+template <int B>
+inline void dots(const float* q, const float* k, int64_t D, float* out) {
+  __m256 acc[B];
+  for (int b = 0; b < B; ++b) acc[b] = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  for (; i < n; ++i) y[i] += w * x[i];
+  for (; i + 8 <= D; i += 8) {
+    const __m256 qv = _mm256_loadu_ps(q + i);
+    for (int b = 0; b < B; ++b) acc[b] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + b * D + i), acc[b]);
+  }
+  for (int b = 0; b < B; ++b) {
+    float s = lanes_sum(acc[b]);
+    for (int64_t j = i; j < D; ++j) s += q[j] * k[b * D + j];
+    out[b] = s;
+  }
+}
+
+// Softmax numerators in place over w[0..n) (w holds room for n rounded up to 8): w[j] = e^(w[j] - max w);
+// returns their sum, added in 8 lanes over blocks from the first key, then lanes_sum.
+inline float exp_shifted(float* w, int64_t n) {
+  const int64_t padded = (n + 7) / 8 * 8;
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, w[i]);
+  for (int64_t i = n; i < padded; ++i) w[i] = -std::numeric_limits<float>::infinity();  // e^-inf = 0
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t i = 0; i < padded; i += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(w + i), shift));
+    _mm256_storeu_ps(w + i, e);
+    total = _mm256_add_ps(total, e);
+  }
+  return lanes_sum(total);
+}
+
+// out[0..D) = sum over keys j in order of w[j] * v[j] (one FMA per element per key, in key order),
+// 64 dimensions at a time held in registers.
+inline void weighted_sum(const float* w, const float* v, int64_t n, int64_t D, float* out) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) {
+    __m256 acc[8];
+    for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 wv = _mm256_set1_ps(w[j]);
+      const float* vj = v + j * D + d0;
+      for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vj + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < 8; ++c) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
+  }
+  for (; d0 + 8 <= D; d0 += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(v + j * D + d0), acc);
+    _mm256_storeu_ps(out + d0, acc);
+  }
+  for (; d0 < D; ++d0) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < n; ++j) acc = std::fma(w[j], v[j * D + d0], acc);
+    out[d0] = acc;
+  }
 }
 
 }  // namespace
 
 // q [H, T, D] (scaled, rotated), keys/values [KV, >= start + T, D] with unit stride inside a position;
 // row t sees positions 0 .. start + t. Returns [T, H * D].
+//
+// A (head, row) pair's result depends only on its query, the keys and values it sees, and n = start + t + 1:
+// keys are scored in blocks of 8 from the first one, so the blocking is the same whatever T is.
 torch::Tensor causal_attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && keys.scalar_type() == torch::kFloat32 &&
               values.scalar_type() == torch::kFloat32, "fp32 only");
@@ -46,30 +102,24 @@ torch::Tensor causal_attention(torch::Tensor q, torch::Tensor keys, torch::Tenso
   TORCH_CHECK(keys.stride(2) == 1 && values.stride(2) == 1 && keys.stride(1) == D && values.stride(1) == D,
               "keys/values: unit stride within a position");
   const int64_t G = H / KV, ks = keys.stride(0), vs = values.stride(0);
-  auto out = torch::zeros({T, H * D}, qc.options());
+  auto out = torch::empty({T, H * D}, qc.options());
   const float* qp = qc.data_ptr<float>();
   const float* kp = keys.data_ptr<float>();
   const float* vp = values.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, H * T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> weights(start + T);
+    std::vector<float> weights(start + T + 8);
     for (int64_t idx = begin; idx < end; ++idx) {
       const int64_t h = idx / T, t = idx % T, g = h / G, n = start + t + 1;
       const float* qr = qp + (h * T + t) * D;
       const float* kh = kp + g * ks;
       const float* vh = vp + g * vs;
-      float top = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        weights[j] = dot(qr, kh + j * D, D);
-        top = std::max(top, weights[j]);
-      }
-      float total = 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        weights[j] = std::exp(weights[j] - top);
-        total += weights[j];
-      }
+      int64_t j = 0;
+      for (; j + 8 <= n; j += 8) dots<8>(qr, kh + j * D, D, weights.data() + j);
+      for (; j < n; ++j) dots<1>(qr, kh + j * D, D, weights.data() + j);
+      const float total = exp_shifted(weights.data(), n);
       float* orow = op + t * H * D + h * D;
-      for (int64_t j = 0; j < n; ++j) axpy(weights[j], vh + j * D, orow, D);
+      weighted_sum(weights.data(), vh, n, D, orow);
       const float inv = 1.f / total;
       for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
     }

@@ -10,6 +10,7 @@ std::vector<std::string> int8_paths();
 torch::Tensor int8_accumulate(torch::Tensor q, torch::Tensor w, torch::Tensor wsum, std::string path);
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
                           c10::optional<torch::Tensor> bias, std::string path);
+void register_layer_stack(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_attention", &causal_attention, "row-by-row causal attention over the KV cache");
@@ -20,4 +21,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_paths", &int8_paths, "the int8 accumulation paths this CPU can run");
   m.def("int8_accumulate", &int8_accumulate, "int32 accumulators of int8 rows against int8 weights");
   m.def("int8_linear", &int8_linear, "int8-weight, int8-activation linear with fp32 rescale");
+  register_layer_stack(m);  // LayerStack: a pass through decoder layers in one call
 }

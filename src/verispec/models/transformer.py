@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from pathlib import Path
 from typing import Any, Iterable, Protocol, Sequence
 
@@ -43,6 +44,13 @@ class Projections(Protocol):
     o: nn.Module
     gate_up: nn.Module
     down: nn.Module
+
+
+def _matrices(proj: Any) -> tuple[nn.Module, ...]:
+    """A layer's four products in the order ``kernels.layer_stack`` takes them (an ``nn.Module`` keeps
+    its submodules in ``_modules``; a draft's ``LayerProjections`` in attributes)."""
+    table = proj._modules if isinstance(proj, nn.Module) else proj.__dict__
+    return table["qkv"], table["o"], table["gate_up"], table["down"]
 
 
 class RMSNorm(nn.Module):
@@ -133,6 +141,7 @@ class Transformer(nn.Module):
         self.folder: Path | None = None
         self.quantization: str | None = None  # "int8" once ``models.quantize`` replaced the matrices
         self._rope_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._stacks: dict[int, tuple[Any, list[Any], Any]] = {}  # id(projections) -> (them, parts, LayerStack)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -194,6 +203,11 @@ class Transformer(nn.Module):
         T = hidden.shape[1]  # hidden: [1, T, hidden]
         cache.check_room(start + T)
         rope = self._rope(start, start + T)
+        stack = self._stack(projections) if T <= kernels.INVARIANT_ROWS else None
+        if stack is not None:  # the same arithmetic in one compiled call (kernels/layers.cpp)
+            steps = list(steps)
+            return stack.run(hidden, [s.index for s in steps], [s.attention | s.mlp << 1 for s in steps],
+                             cache.keys, cache.values, start, rope[0], rope[1], kernels.int8_path(T))
         for step in steps:
             layer = self.layers[step.index]
             proj = layer if projections is None else projections[step.index]
@@ -202,6 +216,25 @@ class Transformer(nn.Module):
             if step.mlp:
                 hidden = hidden + layer.mlp(hidden, proj)
         return hidden
+
+    def _stack(self, projections: Sequence[Projections] | None) -> Any:
+        """The compiled ``LayerStack`` over these matrices (None: the model's own), built once and rebuilt
+        when a module was swapped since (quantization); None when the pass must run in Python: no
+        compiled kernels, ``kernels.fused_layers()`` off, or a projection the stack cannot run (low-rank
+        factors, int4)."""
+        if not kernels.fused_layers():
+            return None
+        layers = self.layers._modules.values()
+        sources = layers if projections is None else projections
+        parts = [m for layer, proj in zip(layers, sources) for m in (
+            layer._modules["attn_norm"], layer._modules["mlp_norm"], *_matrices(proj))]
+        entry = self._stacks.get(id(projections))
+        if entry is not None and entry[0] is projections and len(entry[1]) == len(parts) \
+                and all(map(operator.is_, entry[1], parts)):
+            return entry[2]
+        stack = kernels.layer_stack(parts, self.config)
+        self._stacks[id(projections)] = (projections, parts, stack)
+        return stack
 
     def logits(self, hidden: torch.Tensor, head: nn.Module | None = None) -> torch.Tensor:
         """Final norm and LM head: [1, T, hidden] -> fp32 logits [T, vocab]."""

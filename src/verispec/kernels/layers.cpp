@@ -1,0 +1,148 @@
+// A stack of decoder layers in one call: norms, projections, rotary embedding, KV-cache writes,
+// attention, MLP and residuals, for the few-row passes of decoding, drafting and verification.
+//
+// Why: a small model's decode step is dominated by per-operation overhead, not arithmetic (SmolLM2-135M:
+// 30 layers x ~25 torch/Python operations per token). Here the Python interpreter is entered once per
+// pass instead of once per operation, and the work between the compiled kernels (rotary, cache writes,
+// residuals) happens in plain loops. Every step is the same arithmetic as the Python path in
+// models/transformer.py, operation for operation (the same kernels, the same fp32 multiplies and adds
+// in the same order, no fused multiply-adds), so both paths give the same bits and a row's result still
+// does not depend on how many rows share the pass.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <string>
+#include <vector>
+
+torch::Tensor causal_attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start);
+torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w);
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
+torch::Tensor silu_mul(torch::Tensor gate_up);
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
+                          c10::optional<torch::Tensor> bias, std::string path);
+
+namespace {
+
+constexpr int64_t kBf16Rows = 16;  // kernels.MAX_ROWS: the compiled bf16 path's row limit
+
+c10::optional<torch::Tensor> maybe(const torch::Tensor& t) {
+  return t.defined() ? c10::optional<torch::Tensor>(t) : c10::nullopt;
+}
+
+// One matrix product, as kernels.linear / Int8Linear.forward compute it.
+struct Projection {
+  torch::Tensor weight, scale, sums, bias;  // scale and sums: int8 weights only; bias may be undefined
+
+  torch::Tensor operator()(const torch::Tensor& x, const std::string& path) const {
+    if (weight.scalar_type() == torch::kInt8) return int8_linear(x, weight, scale, sums, maybe(bias), path);
+    const int64_t rows = x.numel() / x.size(-1);
+    if (weight.scalar_type() == torch::kBFloat16 && rows <= kBf16Rows && x.size(-1) % 8 == 0 &&
+        weight.is_contiguous()) {
+      auto out = bf16_linear(x, weight);
+      return bias.defined() ? out + bias : out;
+    }
+    if (x.scalar_type() == weight.scalar_type() && (!bias.defined() || bias.scalar_type() == weight.scalar_type()))
+      return at::linear(x, weight, maybe(bias));
+    auto out = at::linear(x.to(weight.scalar_type()), weight).to(x.scalar_type());
+    return bias.defined() ? out + bias : out;
+  }
+};
+
+struct Layer {
+  torch::Tensor attn_norm, mlp_norm;
+  Projection qkv, o, gate_up, down;
+};
+
+Projection projection(const std::vector<torch::Tensor>& t, size_t at) {
+  auto opt = [&](size_t i) { return t[i].numel() > 0 ? t[i] : torch::Tensor(); };
+  return Projection{t[at], opt(at + 1), opt(at + 2), opt(at + 3)};
+}
+
+}  // namespace
+
+class LayerStack {
+ public:
+  // ``layers``: per layer [attn_norm, qkv (weight, scale, sums, bias), o (4), mlp_norm, gate_up (4), down (4)],
+  // an empty tensor where a layer has no such part (a float weight's scale and sums, a missing bias).
+  LayerStack(std::vector<std::vector<torch::Tensor>> layers, int64_t heads, int64_t kv_heads, int64_t head_dim,
+             double eps, double scale)
+      : H_(heads), KV_(kv_heads), D_(head_dim), eps_(eps), scale_(static_cast<float>(scale)) {
+    for (const auto& t : layers) {
+      TORCH_CHECK(t.size() == 18, "a layer is 18 tensors");
+      layers_.push_back(Layer{t[0], t[9], projection(t, 1), projection(t, 5), projection(t, 10), projection(t, 14)});
+    }
+  }
+
+  // hidden [1, T, hidden] fp32 at positions [start, start + T); ``index``/``parts`` name the layers to run
+  // and which sub-blocks (bit 0 attention, bit 1 MLP); keys/values: the cache [layers, KV, capacity, D];
+  // cos/signed_sin [T, D]. Returns new hidden states (the input is not modified).
+  torch::Tensor run(torch::Tensor hidden, std::vector<int64_t> index, std::vector<int64_t> parts, torch::Tensor keys,
+                    torch::Tensor values, int64_t start, torch::Tensor cos, torch::Tensor signed_sin,
+                    std::string path) const {
+    TORCH_CHECK(hidden.scalar_type() == torch::kFloat32 && hidden.dim() == 3 && hidden.size(0) == 1, "hidden: [1, T, D]");
+    TORCH_CHECK(index.size() == parts.size(), "one parts entry per layer");
+    TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == torch::kFloat32 &&
+                values.scalar_type() == torch::kFloat32 && keys.size(1) == KV_ && keys.size(3) == D_,
+                "cache: contiguous fp32 [layers, KV, capacity, D]");
+    const int64_t T = hidden.size(1), width = hidden.size(2), capacity = keys.size(2);
+    TORCH_CHECK(start + T <= capacity, "the cache has no room for these positions");
+    auto c = cos.contiguous(), s = signed_sin.contiguous();
+    TORCH_CHECK(c.size(0) == T && c.size(1) == D_ && s.sizes() == c.sizes(), "rotary tables: [T, D]");
+    auto h = hidden.reshape({T, width}).clone();
+    for (size_t n = 0; n < index.size(); ++n) {
+      const int64_t i = index[n];
+      TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(layers_.size()), "layer index out of range");
+      const Layer& L = layers_[i];
+      if (parts[n] & 1) h.add_(attention(L, h, keys[i], values[i], start, c, s, path));
+      if (parts[n] & 2) h.add_(L.down(silu_mul(L.gate_up(rms_norm(h, L.mlp_norm, eps_), path)), path));
+    }
+    return h.view({1, T, width});
+  }
+
+ private:
+  // DecoderLayer.attention: qkv, then queries and keys rotated (x*cos + roll(x, D/2)*signed_sin), keys and
+  // values written to the cache, queries scaled, row-by-row attention, output projection.
+  torch::Tensor attention(const Layer& L, const torch::Tensor& h, torch::Tensor keys, torch::Tensor values,
+                          int64_t start, const torch::Tensor& cos, const torch::Tensor& signed_sin,
+                          const std::string& path) const {
+    const int64_t T = h.size(0), H = H_, KV = KV_, D = D_, half = D / 2, capacity = keys.size(1);
+    auto qkv = L.qkv(rms_norm(h, L.attn_norm, eps_), path).contiguous();  // [T, (H + 2 KV) * D]
+    TORCH_CHECK(qkv.size(1) == (H + 2 * KV) * D, "qkv width");
+    auto q = torch::empty({H, T, D}, h.options());
+    const float* src = qkv.data_ptr<float>();
+    const float* cp = cos.data_ptr<float>();
+    const float* sp = signed_sin.data_ptr<float>();
+    float* qp = q.data_ptr<float>();
+    float* kp = keys.data_ptr<float>();
+    float* vp = values.data_ptr<float>();
+    const float scale = scale_;
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = src + t * (H + 2 * KV) * D;
+      const float* ct = cp + t * D;
+      const float* st = sp + t * D;
+      for (int64_t head = 0; head < H + KV; ++head) {
+        const float* x = row + head * D;
+        float* dst = head < H ? qp + (head * T + t) * D : kp + ((head - H) * capacity + start + t) * D;
+        const float factor = head < H ? scale : 1.f;  // r * 1 == r: keys are stored unscaled
+        for (int64_t d = 0; d < half; ++d) dst[d] = (x[d] * ct[d] + x[d + half] * st[d]) * factor;
+        for (int64_t d = half; d < D; ++d) dst[d] = (x[d] * ct[d] + x[d - half] * st[d]) * factor;
+      }
+      for (int64_t g = 0; g < KV; ++g) {
+        const float* x = row + (H + KV + g) * D;
+        std::copy(x, x + D, vp + (g * capacity + start + t) * D);
+      }
+    }
+    auto out = causal_attention(q, keys, values, start);  // [T, H * D]
+    return L.o(out, path);
+  }
+
+  std::vector<Layer> layers_;
+  int64_t H_, KV_, D_;
+  double eps_;
+  float scale_;
+};
+
+void register_layer_stack(pybind11::module& m) {
+  pybind11::class_<LayerStack>(m, "LayerStack")
+      .def(pybind11::init<std::vector<std::vector<torch::Tensor>>, int64_t, int64_t, int64_t, double, double>())
+      .def("run", &LayerStack::run, pybind11::call_guard<pybind11::gil_scoped_release>());
+}

@@ -1,0 +1,148 @@
+"""The compiled layer stack (kernels/layers.cpp) and the row-by-row attention kernel.
+
+The stack runs a pass's decoder layers in one call; it must give the bits of the layer-by-layer Python
+path for every weight kind, layer plan and row count, and a row's attention must not depend on the
+other rows of its pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import verispec
+from tests.conftest import missing_setup
+from verispec import kernels
+from verispec.drafters.self_speculative import draft_steps
+from verispec.models.quantize import quantize_model
+from verispec.testing import tiny_model
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled():
+    if not kernels.available():
+        missing_setup("verispec's kernels are not available here (no AVX2, no compiler, or VERISPEC_KERNELS=0)")
+
+
+def _model(kind: str):
+    model = tiny_model(vocab=50, seed=3, layers=4, hidden=64)
+    if kind == "int8":
+        return quantize_model(model, "int8")
+    if kind == "bf16":
+        return model.to_weight_dtype(torch.bfloat16)
+    if kind == "bias":  # Qwen-style qkv biases
+        for layer in model.layers:
+            layer.qkv.bias = torch.nn.Parameter(torch.randn(layer.qkv.out_features) * 0.3, requires_grad=False)
+        return model
+    return model
+
+
+PREFIX = 12
+
+
+def _pass(model, monkeypatch, fused: bool, rows: int, steps=None, projections=None, head=None):
+    """Logits of ``rows`` new positions after a ``PREFIX``-token prefix, and the cache they leave."""
+    monkeypatch.setenv("VERISPEC_FUSED_LAYERS", "1" if fused else "0")
+    tokens = torch.randint(0, 50, (PREFIX + rows,), generator=torch.Generator().manual_seed(rows))
+    cache = model.new_cache(64)
+    model.forward(tokens[:PREFIX], cache, 0)
+    with torch.inference_mode():
+        hidden = model.run_layers(model.embed_tokens(tokens[PREFIX:]), cache, PREFIX, steps or model.all_layers,
+                                  projections)
+        logits = model.logits(hidden, head)
+    return logits, cache.keys[:, :, :PREFIX + rows].clone(), cache.values[:, :, :PREFIX + rows].clone()
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16", "fp32", "bias"])
+@pytest.mark.parametrize("rows", [1, 3, 9, 16, 40])
+def test_the_stack_gives_the_python_paths_bits(kind, rows, monkeypatch):
+    model = _model(kind)
+    python = _pass(model, monkeypatch, False, rows)
+    fused = _pass(model, monkeypatch, True, rows)
+    assert model._stack(None) is not None  # the fused run really took the stack
+    for a, b in zip(fused, python):
+        assert torch.equal(a, b)
+
+
+def test_layer_plans_and_swapped_matrices_take_the_stack_with_the_same_bits(monkeypatch):
+    model = _model("bf16")
+    plan = draft_steps(4, skip=[1], skip_attention=[2], skip_mlp=[3])  # whole layer, attention only, MLP only
+    assert _pass(model, monkeypatch, True, 5, steps=plan)[0].equal(_pass(model, monkeypatch, False, 5, steps=plan)[0])
+    draft = verispec.QuantizedDraft(bits=8, k=2)  # the target's matrices in int8, swapped in for the draft pass
+    p = draft.plan_for(model)
+    fused = _pass(model, monkeypatch, True, 3, projections=p.projections, head=p.head)
+    assert model._stack(p.projections) is not None
+    assert torch.equal(fused[0], _pass(model, monkeypatch, False, 3, projections=p.projections, head=p.head)[0])
+    assert not torch.equal(fused[0], _pass(model, monkeypatch, True, 3)[0])  # the swap really ran
+
+
+def test_the_comparison_sees_a_wrong_later_row(monkeypatch):
+    """Negative control: a Python path that differs only at the third new position (its rotary angle
+    nudged) is told apart there, and the rows before it still match."""
+    model = _model("fp32")
+    fused = _pass(model, monkeypatch, True, 6)[0]
+    cos, signed_sin = model._rope_cache["table"]
+    cos = cos.clone()
+    cos[PREFIX + 2] *= 1.01  # the third new row's position (later rows attend to its key)
+    model._rope_cache["table"] = (cos, signed_sin)
+    wrong = _pass(model, monkeypatch, False, 6)[0]
+    assert [torch.equal(fused[t], wrong[t]) for t in range(3)] == [True, True, False]
+
+
+def test_unsupported_matrices_take_the_python_path():
+    model = _model("fp32")
+    low_rank = verispec.LowRank(rank=4, k=2).plan_for(model)
+    assert model._stack(low_rank.projections) is None  # factor pairs: the Python path runs them
+
+
+def test_a_module_swapped_after_a_pass_rebuilds_the_stack(monkeypatch):
+    """Quantizing a model that already ran must not leave the stack on the old float matrices."""
+    model = _model("fp32")
+    _pass(model, monkeypatch, True, 2)
+    before = model._stack(None)
+    quantize_model(model, "int8")
+    assert model._stack(None) is not before
+    assert torch.equal(_pass(model, monkeypatch, True, 2)[0], _pass(_model("int8"), monkeypatch, True, 2)[0])
+
+
+def _reference_attention(q, keys, values, start):
+    H, T, D = q.shape
+    G = H // keys.shape[0]
+    out = torch.empty(T, H, D, dtype=torch.float64)
+    for h in range(H):
+        for t in range(T):
+            k, v = keys[h // G, :start + t + 1].double(), values[h // G, :start + t + 1].double()
+            out[t, h] = torch.softmax(k @ q[h, t].double(), 0) @ v
+    return out.reshape(T, H * D)
+
+
+@pytest.mark.parametrize("head_dim", [64, 20, 128])
+@pytest.mark.parametrize("start", [0, 5, 37])
+def test_attention_rows_match_float64_and_do_not_depend_on_the_batch(head_dim, start):
+    g = torch.Generator().manual_seed(head_dim + start)
+    H, KV, T = 6, 2, 13
+    q = torch.randn(H, T, head_dim, generator=g) * 0.4
+    keys, values = torch.randn(KV, start + T + 3, head_dim, generator=g), torch.randn(KV, start + T + 3, head_dim, generator=g)
+    module = kernels._load()
+    out = module.causal_attention(q, keys, values, start)
+    assert (out.double() - _reference_attention(q, keys, values, start)).abs().max() < 1e-5
+    for t in range(T):  # each row alone, as a one-token step at its position computes it
+        assert torch.equal(module.causal_attention(q[:, t:t + 1].contiguous(), keys, values, start + t)[0], out[t]), t
+
+
+def test_attention_keeps_nan_and_survives_large_scores():
+    module = kernels._load()
+    q, keys, values = torch.randn(2, 3, 64), torch.randn(1, 10, 64), torch.randn(1, 10, 64)
+    q[0, 1, 0] = float("nan")
+    out = module.causal_attention(q, keys, values, 7)
+    assert torch.isnan(out[1, :64]).all() and torch.isfinite(out[[0, 2]]).all() and torch.isfinite(out[1, 64:]).all()
+    q = torch.randn(2, 3, 64) * 200  # scores in the thousands: e^(s - max) underflows to 0 for most keys
+    got = module.causal_attention(q, keys, values, 7)
+    assert torch.isfinite(got).all() and (got.double() - _reference_attention(q, keys, values, 7)).abs().max() < 1e-4
+
+
+def test_int8_paths_by_row_count_keep_the_weights_layout():
+    stored = kernels.weight_layout(kernels.few_row_path())
+    for rows in (1, 2, 3, 5, 8, 16, 40, 64):
+        assert kernels.weight_layout(kernels.int8_path(rows)) == stored or kernels.int8_path(rows) == "intmm"
+    assert kernels.int8_path(65) in ("amx", "intmm")
