@@ -53,3 +53,27 @@ def test_rms_norm_and_silu_mul_match_torch():
     gate_up = torch.randn(1, 5, 2 * 96)
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.allclose(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6)
+
+
+@pytest.mark.parametrize("width", [8, 13, 100, 1536])
+def test_quantize_rows_gives_the_torch_bits_in_vector_blocks_and_tails(width, monkeypatch):
+    x = torch.randn(6, width) * 3
+    x[1, :] = torch.arange(width) - width / 2 + 0.5  # ties (k + 0.5) * 127 / max: round half to even
+    x[2, -1] = float("inf")  # in the scalar tail (or the last vector block)
+    x[3, 0] = float("nan")  # in the first vector block
+    x[4] = 0.0
+    compiled = kernels.quantize_rows(x)
+    monkeypatch.setitem(kernels._state, "module", None)
+    reference = kernels.quantize_rows(x)
+    assert torch.equal(compiled[0], reference[0])
+    assert torch.equal(compiled[1].isnan(), reference[1].isnan()) and torch.equal(compiled[1][~compiled[1].isnan()],
+                                                                                reference[1][~reference[1].isnan()])
+
+
+@pytest.mark.parametrize("half", [13, 96])
+def test_silu_mul_matches_torch_with_tails_and_extremes(half):
+    gate_up = torch.randn(3, 2 * half) * 4
+    gate_up[0, 0], gate_up[0, 1], gate_up[0, half - 1] = -200.0, 200.0, float("nan")
+    gate, up = gate_up.chunk(2, dim=-1)
+    got, expected = kernels.silu_mul(gate_up), F.silu(gate) * up
+    assert torch.isnan(got[0, half - 1]) and torch.allclose(got.nan_to_num(), expected.nan_to_num(), rtol=1e-6, atol=1e-6)

@@ -7,7 +7,10 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
+
+#include "vec_math.h"
 
 namespace {
 
@@ -95,7 +98,8 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   return y;
 }
 
-// silu(gate) * up for the fused [.., 2I] gate/up projection (gate first), fp32.
+// silu(gate) * up for the fused [.., 2I] gate/up projection (gate first), fp32: gate / (1 + e^-gate) * up,
+// 8 lanes at a time with exp8 (a row's tail through a padded block: the same function for every element).
 torch::Tensor silu_mul(torch::Tensor gate_up) {
   TORCH_CHECK(gate_up.scalar_type() == torch::kFloat32, "fp32 only");
   auto g = gate_up.contiguous();
@@ -105,12 +109,27 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
   auto y = torch::empty(shape, g.options());
   const float* gp = g.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  auto block = [](const float* gate, const float* up, float* out) {
+    const __m256 a = _mm256_loadu_ps(gate);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), a));
+    const __m256 s = _mm256_div_ps(a, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+    _mm256_storeu_ps(out, _mm256_mul_ps(s, _mm256_loadu_ps(up)));
+  };
   at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = gp[r * two + i];
-        yp[r * half + i] = a / (1.0f + std::exp(-a)) * gp[r * two + half + i];
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gate = gp + r * two;
+      const float* up = gate + half;
+      float* out = yp + r * half;
+      int64_t i = 0;
+      for (; i + 8 <= half; i += 8) block(gate + i, up + i, out + i);
+      if (i < half) {
+        alignas(32) float a[8] = {}, b[8] = {}, c[8];
+        std::copy(gate + i, gate + half, a);
+        std::copy(up + i, up + half, b);
+        block(a, b, c);
+        std::copy(c, c + (half - i), out + i);
       }
+    }
   });
   return y;
 }

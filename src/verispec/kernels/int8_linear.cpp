@@ -33,12 +33,24 @@ constexpr int64_t kBlock = 4;  // output channels per block (weights read once p
 // A row holding NaN or infinity gets a NaN scale, so the product's row is NaN (never garbage).
 void quantize_rows_impl(const float* x, int64_t rows, int64_t in, int8_t* q, float* scale) {
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    const __m256 sign = _mm256_set1_ps(-0.f), most = _mm256_set1_ps(std::numeric_limits<float>::max());
     for (int64_t r = begin; r < end; ++r) {
       const float* xr = x + r * in;
       int8_t* qr = q + r * in;
+      // max |x| (the same whatever the order) and whether every element is finite (|x| <= FLT_MAX, false for NaN)
+      __m256 top = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+      int64_t i = 0;
+      for (; i + 8 <= in; i += 8) {
+        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(xr + i));
+        ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, most, _CMP_LE_OQ));
+        top = _mm256_max_ps(top, a);
+      }
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, top);
       float amax = 0.f;
-      bool finite = true;
-      for (int64_t i = 0; i < in; ++i) {
+      for (float v : lanes) amax = std::max(amax, v);
+      bool finite = _mm256_movemask_ps(ok) == 0xff;
+      for (; i < in; ++i) {
         finite &= std::isfinite(xr[i]);
         amax = std::max(amax, std::fabs(xr[i]));
       }
@@ -49,7 +61,16 @@ void quantize_rows_impl(const float* x, int64_t rows, int64_t in, int8_t* q, flo
       }
       const float inv = 127.f / amax;
       scale[r] = amax / 127.f;
-      for (int64_t i = 0; i < in; ++i) {
+      // q = round-half-even(x * inv) clamped to [-127, 127]: vroundps in the default rounding mode is nearbyint
+      const __m256 iv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+      alignas(32) int32_t ints[8];
+      for (i = 0; i + 8 <= in; i += 8) {
+        __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + i), iv), _MM_FROUND_CUR_DIRECTION);
+        v = _mm256_min_ps(hi, _mm256_max_ps(lo, v));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(ints), _mm256_cvtps_epi32(v));
+        for (int l = 0; l < 8; ++l) qr[i + l] = static_cast<int8_t>(ints[l]);
+      }
+      for (; i < in; ++i) {
         const float v = std::nearbyint(xr[i] * inv);
         qr[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
       }
@@ -191,10 +212,18 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+// What the AMX path's epilogue needs to write int8_linear's fp32 result directly.
+struct Rescale {
+  const float* x_scale;  // [rows]
+  const float* w_scale;  // [out]
+  const float* bias;     // [out] or null
+  float* y;              // [rows, out]
+};
+
 template <int NB>
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void amx_group(
     const uint8_t* xu, int64_t i64, int64_t row_tiles, const int8_t* wp, int64_t block0, int64_t kbs,
-    const int32_t* wsum, int32_t* acc, int64_t rows, int64_t out) {
+    const int32_t* wsum, int32_t* acc, int64_t rows, int64_t out, const Rescale* rescale) {
   alignas(64) int32_t c[16 * 16];
   const int64_t steps = kbs / 16;
   for (int64_t rt = 0; rt < row_tiles; ++rt) {
@@ -224,9 +253,23 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void amx_group(
       const int64_t o0 = (block0 + nb) * 16, n = std::min<int64_t>(16, out - o0);
       const __mmask16 valid = static_cast<__mmask16>((1u << n) - 1);
       const __m512i bias = _mm512_mullo_epi32(_mm512_maskz_loadu_epi32(valid, wsum + o0), _mm512_set1_epi32(128));
-      for (int64_t r = 0; r < 16 && rt * 16 + r < rows; ++r)
-        _mm512_mask_storeu_epi32(acc + (rt * 16 + r) * out + o0, valid,
-                                 _mm512_sub_epi32(_mm512_load_si512(c + r * 16), bias));
+      if (rescale == nullptr) {
+        for (int64_t r = 0; r < 16 && rt * 16 + r < rows; ++r)
+          _mm512_mask_storeu_epi32(acc + (rt * 16 + r) * out + o0, valid,
+                                   _mm512_sub_epi32(_mm512_load_si512(c + r * 16), bias));
+        continue;
+      }
+      // The rescale here, while the sums are in registers (no int32 matrix written and read back): the
+      // operations of int8_linear's loop, (float(acc) * x_scale) * w_scale (+ bias), lane by lane.
+      const __m512 ws = _mm512_maskz_loadu_ps(valid, rescale->w_scale + o0);
+      const __m512 wb = rescale->bias ? _mm512_maskz_loadu_ps(valid, rescale->bias + o0) : _mm512_setzero_ps();
+      for (int64_t r = 0; r < 16 && rt * 16 + r < rows; ++r) {
+        const int64_t row = rt * 16 + r;
+        __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(c + r * 16), bias));
+        v = _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(rescale->x_scale[row])), ws);
+        if (rescale->bias) v = _mm512_add_ps(v, wb);
+        _mm512_mask_storeu_ps(rescale->y + row * out + o0, valid, v);
+      }
     }
   }
 }
@@ -327,7 +370,7 @@ torch::Tensor shifted_activations(const torch::Tensor& q, int64_t padded_rows, i
 
 // int32 accumulators [rows, out] of q [rows, in] against w [out, in] on the named path.
 torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const torch::Tensor& wsum,
-                         const std::string& path) {
+                         const std::string& path, const Rescale* rescale = nullptr) {
   const int64_t rows = q.size(0), in = q.size(1), out = wsum.size(0);
   if (w.dim() == 4) {  // packed [O/16, I/4, 16, 4]: the VNNI layout
     const int64_t blocks = w.size(0), kbs = w.size(1), i4 = kbs * 4;
@@ -338,7 +381,8 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
     if (path == "amx") {
       TORCH_CHECK(has_amx() && kbs % 16 == 0, "AMX needs the CPU's tiles and inputs packed in 64s");
       const int64_t row_tiles = (rows + 15) / 16;
-      auto acc = torch::empty({rows, out}, q.options().dtype(torch::kInt32));
+      // With a rescale the result is fp32, written to rescale->y: no int32 matrix at all.
+      auto acc = torch::empty({rescale ? 0 : rows, out}, q.options().dtype(torch::kInt32));
       auto xu = shifted_activations(q, row_tiles * 16, i4);
       const uint8_t* xup = xu.data_ptr<uint8_t>();
       const int8_t* wp = w.data_ptr<int8_t>();
@@ -349,9 +393,10 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
         amx_configure();  // tile state is per thread
         for (int64_t g = g0; g < g1; ++g) {
           const int64_t b = g * 4;
-          if (b + 4 <= blocks) amx_group<4>(xup, i4, row_tiles, wp, b, kbs, sp, ap, rows, out);
+          if (b + 4 <= blocks) amx_group<4>(xup, i4, row_tiles, wp, b, kbs, sp, ap, rows, out, rescale);
           else
-            for (int64_t bb = b; bb < blocks; ++bb) amx_group<1>(xup, i4, row_tiles, wp, bb, kbs, sp, ap, rows, out);
+            for (int64_t bb = b; bb < blocks; ++bb)
+              amx_group<1>(xup, i4, row_tiles, wp, bb, kbs, sp, ap, rows, out, rescale);
         }
         amx_release();
       });
@@ -435,7 +480,8 @@ std::vector<std::string> int8_paths() {
   return paths;
 }
 
-torch::Tensor int8_accumulate(torch::Tensor q, torch::Tensor w, torch::Tensor wsum, std::string path) {
+namespace {
+void check_accumulate(const torch::Tensor& q, const torch::Tensor& w, const torch::Tensor& wsum) {
   TORCH_CHECK(q.scalar_type() == torch::kInt8 && q.dim() == 2 && q.is_contiguous(), "q: contiguous int8 [M, I]");
   TORCH_CHECK(w.scalar_type() == torch::kInt8 && w.is_contiguous(), "w: contiguous int8");
   if (w.dim() == 2) {
@@ -445,6 +491,11 @@ torch::Tensor int8_accumulate(torch::Tensor q, torch::Tensor w, torch::Tensor ws
                 w.size(0) * 16 >= wsum.numel(), "w: packed [O/16, I/4, 16, 4]");
   }
   TORCH_CHECK(wsum.scalar_type() == torch::kInt32 && wsum.is_contiguous(), "wsum: int32 [O]");
+}
+}  // namespace
+
+torch::Tensor int8_accumulate(torch::Tensor q, torch::Tensor w, torch::Tensor wsum, std::string path) {
+  check_accumulate(q, w, wsum);
   return accumulate(q, w, wsum, path);
 }
 
@@ -454,10 +505,8 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scal
                           c10::optional<torch::Tensor> bias, std::string path) {
   const int64_t out = wsum.numel();
   auto quantized = quantize_rows(x);
-  auto acc = int8_accumulate(quantized[0], w, wsum, path).contiguous();
-  const int64_t rows = acc.size(0);
+  const int64_t rows = quantized[0].size(0);
   auto y = torch::empty({rows, out}, quantized[1].options());
-  const int32_t* ap = acc.data_ptr<int32_t>();
   const float* xs = quantized[1].data_ptr<float>();
   auto ws_c = w_scale.to(torch::kFloat32).contiguous();
   const float* ws = ws_c.data_ptr<float>();
@@ -468,6 +517,16 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scal
     bp = b_c.data_ptr<float>();
   }
   float* yp = y.data_ptr<float>();
+  auto shape = x.sizes().vec();
+  shape.back() = out;
+  if (path == "amx" && w.dim() == 4) {  // AMX: the epilogue rescales (the loop below, lane by lane)
+    const Rescale rescale{xs, ws, bp, yp};
+    check_accumulate(quantized[0], w, wsum);
+    accumulate(quantized[0], w, wsum, path, &rescale);
+    return y.view(shape);
+  }
+  auto acc = int8_accumulate(quantized[0], w, wsum, path).contiguous();
+  const int32_t* ap = acc.data_ptr<int32_t>();
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t o = 0; o < out; ++o) {
@@ -477,7 +536,5 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scal
         yp[r * out + o] = v;
       }
   });
-  auto shape = x.sizes().vec();
-  shape.back() = out;
   return y.view(shape);
 }
