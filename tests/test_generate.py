@@ -155,3 +155,16 @@ def test_derived_files_in_a_model_folder_do_not_break_loading(tiny_llama, tmp_pa
     shutil.copytree(tiny_llama, folder)
     shutil.copy(folder / "model.safetensors", folder / "lowrank-0123456789abcdef.safetensors")
     assert len(verispec.generate(load_model(str(folder)), input_ids=[1], max_new_tokens=2).token_ids) == 2
+
+
+def test_target_logprobs_only_when_asked_and_right_at_every_position():
+    model = tiny_model(vocab=16, seed=2)
+    prompt = [1, 2, 3]
+    assert verispec.generate(model, input_ids=prompt, max_new_tokens=6).target_logprobs == []  # opt-in
+    drafter = verispec.PromptLookup(ngram=1, k=3)
+    result = verispec.generate(model, input_ids=prompt, max_new_tokens=6, drafter=drafter, logprobs=True)
+    cache = model.new_cache(16)
+    logits = model.forward(torch.tensor(prompt + result.token_ids[:-1]), cache, 0)[len(prompt) - 1:]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(result.token_ids).view(-1, 1)).squeeze(1)
+    assert len(result.target_logprobs) == 6
+    assert torch.allclose(torch.tensor(result.target_logprobs), expected, atol=1e-5)

@@ -42,7 +42,8 @@ class GenerationResult:
     finish_reason: str  # "eos", "length" or "stop"
     stats: GenerationStats
     prompt_ids: list[int]
-    target_logprobs: list[float] = dataclasses.field(default_factory=list)  # log p_target(token), T=1, per new token
+    # log p_target(token) at T=1 per new token, with ``logprobs=True`` only (empty otherwise)
+    target_logprobs: list[float] = dataclasses.field(default_factory=list)
 
 
 def _tokenizer(model: DecoderModel) -> Any:
@@ -167,7 +168,7 @@ class Generation:
     def __init__(self, model: DecoderModel, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
                  max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                  drafter: Drafter | None = None, stop: Sequence[str] | str | None = None,
-                 chat: bool = False, acceptance: Any = None, ignore_eos: bool = False) -> None:
+                 chat: bool = False, acceptance: Any = None, ignore_eos: bool = False, logprobs: bool = False) -> None:
         if not isinstance(model, DecoderModel):
             raise VerispecError(f"model must come from verispec.load_model (a DecoderModel), got {type(model).__name__}")
         if drafter is not None and not isinstance(drafter, Drafter):
@@ -206,6 +207,7 @@ class Generation:
         self.finish_reason: str | None = None
         self.new_ids: list[int] = []
         self.target_logprobs: list[float] = []
+        self.logprobs = bool(logprobs)  # one logsumexp over the vocabulary per token: only when asked for
         self._steps = self._run()  # the one generator every iteration and result() share
 
     def _prompt_ids(self, prompt: str | None, input_ids: Sequence[int] | None, chat: bool) -> list[int]:
@@ -221,7 +223,7 @@ class Generation:
 
     def _commit(self, new: list[int], drafted: int, accepted: int, logits: torch.Tensor) -> Step:
         """Commit ``new`` (cut at EOS / stop / length); ``logits`` [len(new), vocab] are the target's rows
-        that chose them, kept as log-probabilities for quality checks (one logsumexp per token)."""
+        that chose them, kept as log-probabilities for quality checks when the run asked for them."""
         kept: list[int] = []
         for token in new:
             kept.append(token)
@@ -234,9 +236,10 @@ class Generation:
             if self.finish_reason:
                 break
         self.new_ids.extend(kept)
-        rows = logits[: len(kept)].float()
-        chosen = rows.gather(1, torch.tensor(kept).view(-1, 1)).squeeze(1) - rows.logsumexp(-1)
-        self.target_logprobs.extend(chosen.tolist())
+        if self.logprobs:
+            rows = logits[: len(kept)].float()
+            chosen = rows.gather(1, torch.tensor(kept).view(-1, 1)).squeeze(1) - rows.logsumexp(-1)
+            self.target_logprobs.extend(chosen.tolist())
         self.stats.new_tokens = len(self.new_ids)
         text = self.text.delta(final=self.finish_reason is not None) if self.text.tokenizer is not None else ""
         return Step(kept, text, drafted, min(accepted, len(kept)))  # drafts cut by a stop were never emitted
@@ -331,12 +334,15 @@ def stream(model: DecoderModel, prompt: str | None = None, **kwargs: Any) -> Gen
 def generate(model: DecoderModel, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
              max_new_tokens: int = 128, sampling: SamplingConfig | None = None, drafter: Drafter | None = None,
              stop: Sequence[str] | str | None = None, chat: bool = False, acceptance: Any = None,
-             ignore_eos: bool = False) -> GenerationResult:
+             ignore_eos: bool = False, logprobs: bool = False) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens; ``drafter=None`` is plain autoregressive decoding.
 
     ``acceptance`` is the rule that judges drafts: a ``verispec.acceptance`` rule or its spec string
     ('exact' (default), 'lenient:0.5', 'typical:0.09', 'topk:3'); approximate rules mark the stats.
     ``ignore_eos`` generates exactly ``max_new_tokens`` (benchmarks compare equal lengths).
+    ``logprobs`` fills ``result.target_logprobs`` (log p_target of each new token at T=1, for quality
+    checks; one logsumexp over the vocabulary per token, about 0.5% of a SmolLM2 step).
     """
     return Generation(model, prompt, input_ids=input_ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                      drafter=drafter, stop=stop, chat=chat, acceptance=acceptance, ignore_eos=ignore_eos).result()
+                      drafter=drafter, stop=stop, chat=chat, acceptance=acceptance, ignore_eos=ignore_eos,
+                      logprobs=logprobs).result()

@@ -54,7 +54,7 @@ class Engines:
                                     max_new_tokens, self.config.ignore_eos, seed)
         return generate(self.targets[setting.quantize], input_ids=prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                         drafter=self.drafters.get(setting.label), acceptance=setting.acceptance,
-                        ignore_eos=self.config.ignore_eos)
+                        ignore_eos=self.config.ignore_eos, logprobs=True)  # every method pays it alike
 
 
 def prompt_ids(model: DecoderModel, prompt: Prompt, chat: str) -> tuple[list[int], bool]:
