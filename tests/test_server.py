@@ -479,7 +479,7 @@ def test_default_serve_is_smollm2_int8_with_prompt_lookup_and_answers_like_gener
                                                extra_body={"verispec": {"return_token_ids": True}})
         block = reply.model_extra["verispec"]
         assert (block["method"], block["k"], block["quantization"]) == ("prompt-lookup", 5, "int8")
-        target = load_model("smollm2-135m", quantize="int8")
+        target = load_model("smollm2-135m", quantize="int8", dtype="bfloat16")  # the server's defaults
         expected = generate(target, question, max_new_tokens=32, chat=True, drafter=PromptLookup(3, k=5))
         assert block["token_ids"] == expected.token_ids
         assert reply.choices[0].message.content == expected.text
