@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from verispec import kernels
 from verispec.errors import VerispecError
 from verispec.machine import cpu_flags_digest, cpu_name
 from verispec.paths import cache_dir
@@ -106,11 +107,13 @@ class CostCurve:
 
 
 def machine() -> dict[str, Any]:
-    """What a cost measurement depends on besides the models: CPU, its features, versions, threads."""
+    """What a cost measurement depends on besides the models: CPU, its features, versions, threads, and
+    the compiled runtime (its sources and switches: a faster kernel makes old costs wrong)."""
     import verispec
 
     return {"cpu": cpu_name(), "cpu_flags": cpu_flags_digest(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "verispec": verispec.__version__, "cache_version": CACHE_VERSION}
+            "torch": torch.__version__, "verispec": verispec.__version__, "cache_version": CACHE_VERSION,
+            "runtime": kernels.runtime()}
 
 
 def _model_key(model: Any) -> dict[str, Any]:

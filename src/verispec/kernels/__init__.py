@@ -43,15 +43,31 @@ def _load() -> object | None:
             log.info("loading verispec's kernels (compiled on first use only: about a minute)")
             sources = [str(Path(__file__).with_name(n)) for n in SOURCES]
             # torch rebuilds when a source or a flag changes, not a header: the headers' digest is a flag.
-            headers = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.h"))))
+            headers = _digest("*.h")
             # -ffp-contract=off: no fused multiply-adds the torch fallback would not also do.
             module = load("verispec_kernels", sources, extra_ldflags=["-fopenmp"],
                           extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off",
-                                        f"-DVERISPEC_HEADERS={headers.hexdigest()[:16]}"])
+                                        f"-DVERISPEC_HEADERS={headers}"])
         except Exception as exc:  # no compiler, no ninja: slower, still correct
             log.warning("could not compile verispec's kernels (%s); using torch's ops", exc)
     _state["module"] = module
     return module
+
+
+def _digest(*patterns: str) -> str:
+    """A short digest of the kernel files matching ``patterns``."""
+    files = [p for pattern in patterns for p in sorted(Path(__file__).parent.glob(pattern))]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()[:16]
+
+
+def runtime() -> str:
+    """What this process's arithmetic runs on, for keys of measured costs: a digest of the kernels' sources
+    (or "torch" without them) and the switches that change which code runs."""
+    if _load() is None:
+        return "torch"
+    digest = _digest("*.cpp", "*.h")
+    switches = ",".join(f"{name}={os.environ.get(name, '')}" for name in ("VERISPEC_FUSED_LAYERS", "VERISPEC_INT8_PATH"))
+    return f"{digest};{switches}"
 
 
 def available() -> bool:
