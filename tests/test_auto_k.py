@@ -88,6 +88,28 @@ def test_k_is_never_above_the_budget():
     assert auto.choose(budget=0) == 0
 
 
+def test_cached_positions_make_every_verified_row_dearer():
+    """The curve was measured at one context; far beyond it each verified row attends to many more
+    positions, and a K that paid near the start stops paying."""
+    curve = _curve(verify_per_row=0.02, draft_per_token=0.0)
+    curve.context, curve.attention = 100, 0.001  # 1000 more cached positions: one more plain step per row
+    auto = _controller(curve)
+    auto._tokens = list(range(101))  # the measured context
+    for _ in range(30):
+        auto.acceptance.observe(proposed=8, accepted=4)
+    near = auto.choose(budget=64)
+    auto._tokens = list(range(5101))  # 5000 positions later
+    far = auto.choose(budget=64)
+    assert near >= 3 and far < near
+    assert auto.cost(0) == pytest.approx(1.0 + 0.001 * 5000)  # a plain step pays it once
+    assert auto.cost(3) == pytest.approx(1.0 + 0.02 * 3 + 0.001 * 4 * 5000)
+
+
+def test_the_attention_cost_is_measured_on_the_native_runtime():
+    assert adaptive.attention_seconds(tiny_model(vocab=16, hidden=128, layers=2)) > 0
+    assert adaptive.attention_seconds(object()) == 0.0  # another backend: no per-position term
+
+
 def test_plain_decoding_probes_and_backs_off_then_speculation_returns():
     """With K = 0 nothing is learned, so a probe runs after PROBE_FIRST plain steps, then after twice
     as many while probes find nothing; once the text turns predictable, speculation comes back."""

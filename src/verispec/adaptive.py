@@ -10,8 +10,11 @@ after the first rejection was never judged and teaches nothing. Each step it pre
     tokens(K) = 1 + sum_{j < K} prod_{i <= j} alpha_i
     cost(K)   = draft(K) + verify(K + 1) + overhead          (seconds; K = 0 is plain decoding)
 
-and runs the K with the most tokens per second. K = 0 wins unless a K > 0 is predicted to beat it by
-``MARGIN``. Without speculation nothing is learned about acceptance, so a probe step (the best K > 0)
+verify(M) is the measured curve plus the attention the M rows do over positions cached since it was
+measured (a per-row, per-position cost timed on the attention kernel at two context lengths): a long
+prompt makes every verified row dearer, a plain step less so. One drift factor per curve follows what
+the run's steps actually take (a busier machine), keeping the measured shape. The controller runs
+the K with the most tokens per second; K = 0 wins unless a K > 0 is predicted to beat it by ``MARGIN``. Without speculation nothing is learned about acceptance, so a probe step (the best K > 0)
 runs after ``PROBE_FIRST`` plain steps, then after twice as many each time the probe does not switch
 speculation back on (up to ``PROBE_MAX``), and never more often than keeps probes under ``PROBE_SHARE``
 of the time (an expensive draft probes less often): speculation returns when the text turns
@@ -64,7 +67,7 @@ DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
 BINS = 10  # draft-confidence bins
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: curves carry the attention cost per cached position
 
 
 def parse_k(value: Any, what: str = "k (candidate length)") -> int | str:
@@ -100,10 +103,19 @@ class CostCurve:
     draft: list[float]  # [K_MAX + 1] a proposal of K = 0.. candidates (draft[0] = 0)
     overhead: float = 0.0  # per step outside drafting and verification (sampling, bookkeeping)
     measured_at: str = ""  # where: the machine and versions, for the record
+    # A verification pass's rows attend to every cached position: the curve was measured with ``context``
+    # positions cached, and each more costs ``attention`` seconds per row (all layers).
+    context: int = 0
+    attention: float = 0.0
+
+    def verify_at(self, rows: int, context: int) -> float:
+        """A pass over ``rows`` positions with ``context`` positions cached."""
+        return self.verify[rows - 1] + self.attention * rows * (context - self.context)
 
     def as_dict(self) -> dict[str, Any]:
         return {"verify_seconds": [round(v, 6) for v in self.verify], "draft_seconds": [round(d, 6) for d in self.draft],
-                "overhead_seconds": round(self.overhead, 6), "measured_at": self.measured_at}
+                "overhead_seconds": round(self.overhead, 6), "measured_at": self.measured_at,
+                "measured_context": self.context, "attention_seconds_per_row_position": self.attention}
 
 
 def machine() -> dict[str, Any]:
@@ -150,7 +162,9 @@ def _read_cached(key: dict[str, Any], digest: str) -> CostCurve | None:
             return None
         curve = CostCurve(**stored["curve"])
         good = (len(curve.verify) == CURVE_ROWS and len(curve.draft) == K_MAX + 1
-                and all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in curve.verify + curve.draft))
+                and all(isinstance(v, float) and math.isfinite(v) and v >= 0
+                        for v in curve.verify + curve.draft + [curve.attention])
+                and isinstance(curve.context, int) and curve.context >= 0)
         if not good:
             raise ValueError("wrong shape or values")
         return curve
@@ -223,7 +237,31 @@ def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
                 model.forward(torch.tensor([last] * m), cache, n - 1)
                 verify[m - 1] = min(verify[m - 1], time.perf_counter() - t0)
                 cache.rollback(n - 1)
-    return CostCurve(_fill(verify), _fill(draft))
+    return CostCurve(_fill(verify), _fill(draft), context=n - 1, attention=attention_seconds(model))
+
+
+def attention_seconds(model: Any, rows: int = 4, short: int = 64, long: int = 1024) -> float:
+    """Seconds one more cached position adds to a row's attention, over all layers: the native runtime's
+    few-row attention timed on random tensors at two context lengths (0 for other backends)."""
+    from verispec.models.protocol import LayeredModel
+
+    if not isinstance(model, LayeredModel):
+        return 0.0
+    c = model.config
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(c.num_heads, rows, c.head_dim, generator=g)
+    keys = torch.randn(c.num_kv_heads, long + rows, c.head_dim, generator=g)
+    values = torch.randn(c.num_kv_heads, long + rows, c.head_dim, generator=g)
+
+    def seconds(start: int) -> float:
+        best = math.inf
+        for _ in range(ROUNDS + 1):
+            t0 = time.perf_counter()
+            kernels.causal_attention(q, keys, values, start)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    return max(0.0, (seconds(long) - seconds(short)) / (rows * (long - short)) * c.num_layers)
 
 
 def _fill(values: list[float]) -> list[float]:
@@ -346,6 +384,8 @@ class AutoK:
         # the current step
         self._probing = False
         self._prediction = (1.0, 0.0)  # (tokens, seconds) predicted for the K chosen
+        self._tokens: list[int] = []  # the run's tokens, once started
+        self._step_context = 0  # positions cached when the current step was chosen
         self._rate = 0.0
         self._reach = 1.0
         self._confidence: list[float] = []
@@ -353,6 +393,7 @@ class AutoK:
         self._alphas = self.acceptance.alphas()
 
     def start(self, model: Any, drafter: Any, context: Any) -> None:
+        self._tokens = context.tokens  # the run's committed tokens (the loop extends this list)
         began = time.perf_counter()
         try:
             self.curve, measured = cost_curve(model, drafter, context)
@@ -369,7 +410,11 @@ class AutoK:
 
     def cost(self, k: int) -> float:
         curve = self.curve
-        return curve.draft[k] * self.draft_scale + curve.verify[k] * self.verify_scale + curve.overhead
+        return curve.draft[k] * self.draft_scale + self._verify(k + 1) * self.verify_scale + curve.overhead
+
+    def _verify(self, rows: int) -> float:
+        """The measured cost of a pass over ``rows`` positions at the run's current context."""
+        return self.curve.verify_at(rows, len(self._tokens) - 1)
 
     def rates(self, budget: int = K_MAX) -> list[float]:
         """Predicted committed tokens per second for K = 0..min(K_MAX, budget)."""
@@ -378,6 +423,7 @@ class AutoK:
 
     def choose(self, budget: int) -> int:
         """K for the next step (``budget``: candidates the run can still use)."""
+        self._step_context = len(self._tokens) - 1
         if not self.active:
             return 0
         if budget <= 0:
@@ -418,7 +464,7 @@ class AutoK:
             return True
         self._reach *= self.acceptance.by_confidence(confidence)
         curve = self.curve
-        extra_seconds = (curve.draft[k + 1] - curve.draft[k]) + (curve.verify[k + 1] - curve.verify[k])
+        extra_seconds = (curve.draft[k + 1] - curve.draft[k]) + (self._verify(k + 2) - self._verify(k + 1))
         go_on = self._reach * self._alphas[k] > extra_seconds * self._rate
         self._stopped = not go_on
         return go_on
@@ -455,7 +501,7 @@ class AutoK:
         # is kept, so a K rarely run is never judged by stale or noisy numbers of its own.
         rows = proposed + 1
         if rows <= CURVE_ROWS:
-            self.verify_scale = _drift(self.verify_scale, verify_seconds / curve.verify[rows - 1])
+            self.verify_scale = _drift(self.verify_scale, verify_seconds / curve.verify_at(rows, self._step_context))
         if 0 < proposed <= K_MAX and curve.draft[proposed] > 0:
             self.draft_scale = _drift(self.draft_scale, draft_seconds / curve.draft[proposed])
         curve.overhead = other_seconds if self.steps == 1 else 0.9 * curve.overhead + 0.1 * other_seconds
