@@ -15,10 +15,9 @@ measured (a per-row, per-position cost timed on the attention kernel at two cont
 prompt makes every verified row dearer, a plain step less so. One drift factor per curve follows what
 the run's steps actually take (a busier machine), keeping the measured shape. The controller runs
 the K with the most tokens per second; K = 0 wins unless a K > 0 is predicted to beat it by ``MARGIN``. Without speculation nothing is learned about acceptance, so a probe step (the best K > 0)
-runs after ``PROBE_FIRST`` plain steps, then after twice as many each time the probe does not switch
-speculation back on (up to ``PROBE_MAX``), and never more often than keeps probes under ``PROBE_SHARE``
-of the time (an expensive draft probes less often): speculation returns when the text turns
-copy-heavy again. A proposal that ends before K without the draft-side stop (prompt lookup's match ran
+runs after every ``PROBE_FIRST`` plain steps, or after as many as keep probes under ``PROBE_SHARE`` of the
+time if that is more (a probe's extra cost over a plain step: a draft costing most of a step waits ~90
+steps, prompt lookup ~10): speculation returns when the text turns copy-heavy again. A proposal that ends before K without the draft-side stop (prompt lookup's match ran
 out) counts as a rejection at the position where it ended: the chain stopped there.
 
 Draft-side stop (drafters with a distribution): after each drafted token the drafter asks whether to
@@ -60,8 +59,8 @@ MODES = ("both", "cost", "confidence")
 K_MAX = 8  # the largest K the controller considers
 CURVE_ROWS = 16  # verification passes measured over M = 1..CURVE_ROWS positions
 MARGIN = 0.03  # a K > 0 must be predicted this much faster than plain decoding
-PROBE_FIRST, PROBE_MAX = 8, 64  # plain steps before a probe (doubling while probes fail) ...
-PROBE_SHARE = 0.01  # ... and at least enough that probes cost at most this share of the time
+PROBE_FIRST = 8  # plain steps between probes at least ...
+PROBE_SHARE = 0.01  # ... and enough that probes cost at most this share of the time
 ROUNDS = 3  # measurements per point of the cost curve (the fastest counts)
 DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20 steps)
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
@@ -374,7 +373,6 @@ class AutoK:
         self.steps = 0
         self.plain_steps = self.probes = 0
         self.since_speculation = 0  # plain steps in a row
-        self.probe_after = PROBE_FIRST
         self.failed: str | None = None
         self.calibration_seconds = 0.0
         self.verify_scale = self.draft_scale = 1.0  # what the run's steps take relative to the measured curve
@@ -436,7 +434,7 @@ class AutoK:
             k = len(rates) - 1
         elif rates[best] > rates[0] * (1 + MARGIN):
             k = best
-        elif self.since_speculation >= max(self.probe_after, self._probe_wait(best)):
+        elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(best)):
             k, self._probing = best, True  # a probe: what does acceptance look like now?
             self.probes += 1
         else:
@@ -487,10 +485,6 @@ class AutoK:
         else:
             self.plain_steps += 1
             self.since_speculation += 1
-        if self._probing:  # back off while probes find nothing; start over once one does
-            rates = self.rates()
-            speculate = max(rates[1:]) > rates[0] * (1 + MARGIN)
-            self.probe_after = PROBE_FIRST if speculate else min(PROBE_MAX, self.probe_after * 2)
         plain = self.cost(0)
         tokens, seconds = self._prediction
         self.predicted_plain_seconds += plain * tokens
