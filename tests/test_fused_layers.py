@@ -7,6 +7,8 @@ other rows of its pass.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -146,3 +148,11 @@ def test_int8_paths_by_row_count_keep_the_weights_layout():
     for rows in (1, 2, 3, 5, 8, 16, 40, 64):
         assert kernels.weight_layout(kernels.int8_path(rows)) == stored or kernels.int8_path(rows) == "intmm"
     assert kernels.int8_path(65) in ("amx", "intmm")
+
+
+def test_a_model_that_ran_can_be_copied_and_the_copy_runs_its_own_stack(monkeypatch):
+    model = _model("int8")
+    before = _pass(model, monkeypatch, True, 3)
+    twin = copy.deepcopy(model)  # the stack (compiled, over the original's tensors) is not copied
+    assert torch.equal(_pass(twin, monkeypatch, True, 3)[0], before[0])
+    assert twin._stack(None) is not model._stack(None)

@@ -143,6 +143,13 @@ class Transformer(nn.Module):
         self._rope_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self._stacks: dict[int, tuple[Any, list[Any], Any]] = {}  # id(projections) -> (them, parts, LayerStack)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Copies and pickles leave the compiled stacks behind (they hold this model's tensors; a copy
+        builds its own on first use)."""
+        state = self.__dict__.copy()
+        state["_stacks"] = {}
+        return state
+
     @property
     def dtype(self) -> torch.dtype:
         """The weights' dtype (activations are fp32 whatever it is)."""
