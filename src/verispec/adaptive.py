@@ -14,11 +14,14 @@ verify(M) is the measured curve plus the attention the M rows do over positions 
 measured (a per-row, per-position cost timed on the attention kernel at two context lengths): a long
 prompt makes every verified row dearer, a plain step less so. One drift factor per curve follows what
 the run's steps actually take (a busier machine), keeping the measured shape. The controller runs
-the K with the most tokens per second; K = 0 wins unless a K > 0 is predicted to beat it by ``MARGIN``. Without speculation nothing is learned about acceptance, so a probe step (the best K > 0)
-runs after every ``PROBE_FIRST`` plain steps, or after as many as keep probes under ``PROBE_SHARE`` of the
-time if that is more (a probe's extra cost over a plain step: a draft costing most of a step waits ~90
-steps, prompt lookup ~10): speculation returns when the text turns copy-heavy again. A proposal that ends before K without the draft-side stop (prompt lookup's match ran
-out) counts as a rejection at the position where it ended: the chain stopped there.
+the K with the most tokens per second; K = 0 wins unless a K > 0 is predicted to beat it by ``MARGIN``.
+
+Without speculation nothing is learned about acceptance, so a probe step (the best K > 0) runs after
+every ``PROBE_FIRST`` plain steps, or after as many as keep probes under ``PROBE_SHARE`` of the time if
+that is more (a probe's extra cost over a plain step: a draft costing most of a step waits ~90 steps,
+prompt lookup ~10): speculation returns when the text turns copy-heavy again. A proposal that ends
+before K without the draft-side stop (prompt lookup's match ran out) counts as a rejection at the
+position where it ended: the chain stopped there.
 
 Draft-side stop (drafters with a distribution): after each drafted token the drafter asks whether to
 go on. The controller keeps the acceptance rate of drafted tokens by the draft's confidence (the
@@ -380,7 +383,6 @@ class AutoK:
         self.predicted_plain_seconds = self.predicted_seconds = 0.0
         self.committed_plain_seconds = self.actual_seconds = 0.0
         # the current step
-        self._probing = False
         self._prediction = (1.0, 0.0)  # (tokens, seconds) predicted for the K chosen
         self._tokens: list[int] = []  # the run's tokens, once started
         self._step_context = 0  # positions cached when the current step was chosen
@@ -429,13 +431,12 @@ class AutoK:
             return 0
         rates = self.rates(budget)
         best = max(range(1, len(rates)), key=rates.__getitem__)
-        self._probing = False
         if self.mode == "confidence":
             k = len(rates) - 1
         elif rates[best] > rates[0] * (1 + MARGIN):
             k = best
         elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(best)):
-            k, self._probing = best, True  # a probe: what does acceptance look like now?
+            k = best  # a probe: what does acceptance look like now?
             self.probes += 1
         else:
             k = 0

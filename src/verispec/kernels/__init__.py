@@ -65,7 +65,7 @@ def runtime() -> str:
     (or "torch" without them) and the switches that change which code runs."""
     if _load() is None:
         return "torch"
-    digest = _digest("*.cpp", "*.h")
+    digest = _state.get("sources") or _state.setdefault("sources", _digest("*.cpp", "*.h"))
     switches = ",".join(f"{name}={os.environ.get(name, '')}" for name in ("VERISPEC_FUSED_LAYERS", "VERISPEC_INT8_PATH"))
     return f"{digest};{switches}"
 
@@ -108,21 +108,25 @@ def layer_stack(parts: list[torch.nn.Module], config) -> object | None:
     """A compiled ``LayerStack`` over decoder layers given as [attn_norm, mlp_norm, qkv, o, gate_up, down]
     per layer, or None when a matrix is neither a float ``Linear`` nor an ``Int8Linear``."""
     empty = torch.empty(0)
+
+    def product(module: torch.nn.Module) -> list[torch.Tensor] | None:
+        """[weight, scale, row sums, bias] as layers.cpp reads one matrix (empty where there is none)."""
+        if isinstance(module, Int8Linear):
+            tensors = [module.weight, module.scale, module.row_sums]
+        elif type(module) in (Linear, torch.nn.Linear):
+            tensors = [module.weight, empty, empty]
+        else:
+            return None
+        return tensors + [empty if module.bias is None else module.bias]
+
     layers = []
     for i in range(0, len(parts), 6):
         attn_norm, mlp_norm, *matrices = parts[i:i + 6]
-        tensors = [attn_norm.weight]
-        for module in matrices:
-            if isinstance(module, Int8Linear):
-                tensors += [module.weight, module.scale, module.row_sums]
-            elif type(module) in (Linear, torch.nn.Linear):
-                tensors += [module.weight, empty, empty]
-            else:
-                return None
-            tensors.append(empty if module.bias is None else module.bias)
-            if len(tensors) == 9:
-                tensors.append(mlp_norm.weight)
-        layers.append(tensors)  # the tensors themselves: a later ``param.data = ...`` shows through
+        qkv, o, gate_up, down = products = [product(m) for m in matrices]
+        if any(p is None for p in products):
+            return None
+        # the tensors themselves: a later ``param.data = ...`` shows through
+        layers.append([attn_norm.weight, *qkv, *o, mlp_norm.weight, *gate_up, *down])
     return _load().LayerStack(layers, config.num_heads, config.num_kv_heads, config.head_dim,
                               config.rms_norm_eps, config.head_dim ** -0.5)
 
@@ -325,13 +329,13 @@ def measure_int8_paths(paths: tuple[str, ...], rows: tuple[int, ...] = (1, 8), o
         total = 0.0
         for m in rows:
             q = torch.randint(-127, 128, (m, inner), dtype=torch.int8)
-            for weight, total_sums in zip(weights, sums):
-                int8_accumulate(q, weight, total_sums, path)  # warm-up
+            for weight, row_sums in zip(weights, sums):
+                int8_accumulate(q, weight, row_sums, path)  # warm-up
             runs = []
             for _ in range(repeats):
                 begin = time.perf_counter()
-                for weight, total_sums in zip(weights, sums):
-                    int8_accumulate(q, weight, total_sums, path)
+                for weight, row_sums in zip(weights, sums):
+                    int8_accumulate(q, weight, row_sums, path)
                 runs.append(time.perf_counter() - begin)
             total += sorted(runs)[len(runs) // 2]
         timings[path] = total

@@ -4,8 +4,8 @@
 // different numbers of rows, so a token's attention output could differ in its last bits between a
 // verification pass over K+1 rows and a plain one-row step. Here every (head, row) is computed by
 // the same code whatever else is in the call: scores in fixed 8-lane order, softmax in blocks of 8
-// keys from the first, the weighted sum of values key by key. Rows verified together equal rows decoded one at a time,
-// bit for bit, and with integer-exact matrix products (int8) so do the logits.
+// keys from the first, the weighted sum of values key by key. Rows verified together equal rows
+// decoded one at a time, bit for bit, and with integer-exact matrix products (int8) so do the logits.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
