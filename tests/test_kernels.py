@@ -46,6 +46,19 @@ def test_more_rows_than_the_kernel_takes_fall_back_to_torch(monkeypatch):
     assert (got.double() - expected).abs().max() <= 2 ** -7 * expected.abs().max()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_slice_of_a_longer_prompt_goes_through_one_matrix_product(dtype, monkeypatch):
+    weight = torch.randn(48, 32).to(dtype)
+    x = torch.randn(1, kernels.MAX_ROWS + 40, 32)[:, 3:]  # a [1, T, I] view with a stride on dim 0
+    calls = []
+    real = F.linear
+    monkeypatch.setattr(kernels.F, "linear", lambda a, *rest: calls.append(a.dim()) or real(a, *rest))
+    got = kernels.linear(x, weight)
+    # As rows: torch's matmul sends such a 3-D view down a batched path ~10x slower than one product.
+    assert calls == [2] and got.shape == (1, kernels.MAX_ROWS + 37, 48) and got.dtype == torch.float32
+    assert torch.equal(got, kernels.linear(x.contiguous(), weight))
+
+
 def test_rms_norm_and_silu_mul_match_torch():
     x = torch.randn(1, 5, 576)
     weight = torch.randn(576)

@@ -100,15 +100,35 @@ def _int8_tiny(**kw):
 
 
 def test_a_quantized_model_gives_each_row_the_same_logits_in_any_batch():
-    model = _int8_tiny(vocab=40, seed=1, layers=3, hidden=64)
-    tokens = torch.randint(0, 40, (50,), generator=torch.Generator().manual_seed(0))
-    cache = model.new_cache(64)
+    model = _int8_tiny(vocab=40, seed=1, layers=3, hidden=64, context=128)
+    longest = kernels.MAX_K + 1  # the longest verification pass: K = MAX_K candidates and the bonus row
+    tokens = torch.randint(0, 40, (10 + longest,), generator=torch.Generator().manual_seed(0))
+    cache = model.new_cache(10 + longest)
     model.forward(tokens[:10], cache, 0)
-    one_by_one = torch.cat([model.forward(tokens[10 + i:11 + i], cache, 10 + i) for i in range(40)])
-    for T in (2, 5, 9, 16, 17, 33, 40):
-        batch_cache = model.new_cache(64)
+    one_by_one = torch.cat([model.forward(tokens[10 + i:11 + i], cache, 10 + i) for i in range(longest)])
+    for T in (2, 5, 9, 16, 17, 33, 40, longest):
+        batch_cache = model.new_cache(10 + longest)
         model.forward(tokens[:10], batch_cache, 0)
         assert torch.equal(model.forward(tokens[10:10 + T], batch_cache, 10), one_by_one[:T]), T
+
+
+def test_a_prompts_mlp_in_chunks_gives_the_bits_of_one_pass(monkeypatch):
+    from verispec.models import transformer
+
+    model = _int8_tiny(vocab=40, seed=2, layers=2, hidden=64, context=300)
+    tokens = torch.randint(0, 40, (300,), generator=torch.Generator().manual_seed(1))
+    chunked = model.forward(tokens, model.new_cache(300), 0)
+    monkeypatch.setattr(transformer, "MLP_ROWS", 1000)
+    whole = model.forward(tokens, model.new_cache(300), 0)
+    assert torch.equal(chunked, whole)
+    monkeypatch.setattr(transformer, "MLP_ROWS", 7)  # chunks that end mid-prompt, and a short last one
+    assert torch.equal(model.forward(tokens, model.new_cache(300), 0), whole)
+
+
+def test_k_above_the_row_by_row_limit_is_refused():
+    assert verispec.PromptLookup(k=kernels.MAX_K).k == kernels.MAX_K
+    with pytest.raises(VerispecError, match="at most 64"):
+        verispec.PromptLookup(k=kernels.MAX_K + 1)
 
 
 GREEDY_DRAFTERS = {

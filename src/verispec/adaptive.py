@@ -81,10 +81,17 @@ def parse_k(value: Any, what: str = "k (candidate length)") -> int | str:
         if text == AUTO or (text.startswith(AUTO + ":") and text.split(":", 1)[1] in MODES):
             return text
         if text.isdigit() and int(text) > 0:
-            return int(text)
+            return _at_most_max(int(text), what)
     elif is_int(value) and value > 0:
-        return value
+        return _at_most_max(value, what)
     raise VerispecError(f"{what} must be a positive integer or 'auto' (or auto:{'/auto:'.join(MODES)}), got {value!r}")
+
+
+def _at_most_max(k: int, what: str) -> int:
+    if k > kernels.MAX_K:
+        raise VerispecError(f"{what} must be at most {kernels.MAX_K}, got {k}: verification passes of up to {kernels.MAX_K + 1} "
+                            "tokens are computed row by row, so that they agree with plain decoding bit for bit")
+    return k
 
 
 def is_auto(k: Any) -> bool:

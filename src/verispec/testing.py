@@ -14,11 +14,11 @@ from verispec.models.transformer import Transformer
 
 
 def tiny_model(vocab: int = 6, seed: int = 0, layers: int = 2, hidden: int = 16, sharpness: float = 3.0,
-               eos: tuple[int, ...] = ()) -> Transformer:
+               eos: tuple[int, ...] = (), context: int = 64) -> Transformer:
     """A random fp32 transformer whose next-token distributions depend on the whole context."""
     config = ModelConfig(architecture="llama", vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
                          num_layers=layers, num_heads=2, num_kv_heads=1, head_dim=hidden // 2,
-                         max_position_embeddings=64, eos_token_ids=eos)
+                         max_position_embeddings=context, eos_token_ids=eos)
     torch.manual_seed(seed)
     model = Transformer(config)
     with torch.no_grad():

@@ -84,10 +84,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if module is not None and weight.is_contiguous():
             out = module.bf16_linear(x, weight)
             return out if bias is None else out + bias
+    # As 2-D rows: a [1, T, I] slice of a longer [1, S, I] keeps a stride on its first dimension that
+    # sends torch's matmul down a batched path ~10x slower than one matrix product.
+    rows = x.reshape(-1, x.shape[-1])
     if x.dtype is weight.dtype and (bias is None or bias.dtype is weight.dtype):
-        return F.linear(x, weight, bias)
-    out = F.linear(x.to(weight.dtype), weight).to(x.dtype)  # e.g. a bf16 prefill; biases stay fp32
-    return out if bias is None else out + bias
+        out = F.linear(rows, weight, bias)
+    else:
+        out = F.linear(rows.to(weight.dtype), weight).to(x.dtype)  # e.g. a bf16 prefill; biases stay fp32
+        out = out if bias is None else out + bias
+    return out.view(*x.shape[:-1], weight.shape[0])
 
 
 class Linear(torch.nn.Linear):
@@ -95,6 +100,42 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+
+def bf16_prompt_in_one_pass() -> bool:
+    """Whether a bf16 prompt (more than ``INVARIANT_ROWS`` rows) goes through torch's bf16 matmul in one
+    pass instead of the compiled kernel ``MAX_ROWS`` rows at a time: measured once per process on a
+    prompt-sized product (CPUs with bf16 matrix units run torch's GEMM ~15x faster than 16-row chunks;
+    AVX2 machines convert to fp32 and may not). A prompt is prefilled the same way in plain and in
+    speculative runs, so the choice changes speed, never whether they agree."""
+    if "bf16_prompt" in _state:
+        return _state["bf16_prompt"]  # type: ignore[return-value]
+    module = _load()
+    one_pass = True
+    if module is not None:
+        import time
+
+        weight = torch.randn(4096, 1536).bfloat16()
+        x = torch.randn(INVARIANT_ROWS + 1, 1536)
+        paths = {
+            "one pass": lambda: F.linear(x.bfloat16(), weight).float(),
+            "chunks": lambda: torch.cat([module.bf16_linear(x[b:b + MAX_ROWS], weight)
+                                         for b in range(0, x.shape[0], MAX_ROWS)]),
+        }
+        timings = {}
+        for name, fn in paths.items():
+            fn()
+            runs = []
+            for _ in range(3):
+                begin = time.perf_counter()
+                fn()
+                runs.append(time.perf_counter() - begin)
+            timings[name] = sorted(runs)[1]
+        one_pass = timings["one pass"] < timings["chunks"]
+        log.info("bf16 prompts: %s (%s)", "torch's matmul in one pass" if one_pass else f"{MAX_ROWS}-row chunks",
+                 ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in timings.items()))
+    _state["bf16_prompt"] = one_pass
+    return one_pass
 
 
 def fused_layers() -> bool:
@@ -131,7 +172,10 @@ def layer_stack(parts: list[torch.nn.Module], config) -> object | None:
                               config.rms_norm_eps, config.head_dim ** -0.5)
 
 
-INVARIANT_ROWS = 64  # passes of at most this many rows (decode, verification) take the row-by-row attention
+# Passes of at most this many rows (decode, verification of up to MAX_K candidates plus the bonus row) are
+# computed row by row: no row's bits depend on the others. Longer ones are prompts.
+MAX_K = 64
+INVARIANT_ROWS = MAX_K + 1
 
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
@@ -294,13 +338,16 @@ def int8_path(rows: int) -> str:
     """The int8 path for a product over ``rows`` rows: among the paths that read the weights in the layout
     ``few_row_path`` stored them in, the fastest at the nearest measured row count at or above ``rows``
     (measured once per process on products larger than the CPU's L2 cache, as a model's weights are;
-    VERISPEC_INT8_PATH fixes one path). More than ``INVARIANT_ROWS`` rows (a prompt) take torch's
-    _int_mm, or AMX tiles where those are the layout's path. Every path gives the same integers."""
+    VERISPEC_INT8_PATH fixes one path). More than ``INVARIANT_ROWS`` rows (a prompt) take AMX tiles
+    where the CPU has them and the weights are packed (whichever path won for few rows: the VNNI and
+    AMX timings for one row are often a coin flip), else torch's _int_mm (oneDNN's GEMM; packed
+    weights are unpacked for it). Every path gives the same integers."""
     table = _state.get("int8_table")
     if table is None:
         table = _state["int8_table"] = _row_count_table()
     if rows > INVARIANT_ROWS:
-        return "amx" if few_row_path() == "amx" else "intmm"
+        packed = weight_layout(few_row_path()) == "packed"
+        return "amx" if packed and "amx" in int8_paths() else "intmm"
     return table[next((i for i, m in enumerate(ROW_COUNTS) if m >= rows), len(ROW_COUNTS) - 1)]
 
 

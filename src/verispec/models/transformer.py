@@ -94,6 +94,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torc
     return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
 
 
+# A prompt's MLP runs over this many rows at a time: the [rows, 2 * intermediate] activations then stay
+# in the caches (700 rows of Qwen 1.5B's gate/up would be a fresh 50 MB buffer per layer, whose page
+# faults cost as much as the product: its int8 product took 51 ms in one piece, 27 ms in chunks).
+MLP_ROWS = 128
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -120,6 +126,9 @@ class DecoderLayer(nn.Module):
         return proj.o(out.view(1, T, H * D))  # [1, T, hidden]
 
     def mlp(self, x: torch.Tensor, proj: Projections) -> torch.Tensor:
+        T = x.shape[1]
+        if T > MLP_ROWS:  # a prompt: in chunks of rows (each row's MLP is its own)
+            return torch.cat([self.mlp(x[:, b:b + MLP_ROWS], proj) for b in range(0, T, MLP_ROWS)], dim=1)
         return proj.down(kernels.silu_mul(proj.gate_up(self.mlp_norm(x))))  # [1, T, 2 I] -> [1, T, I] -> hidden
 
 
@@ -258,14 +267,17 @@ class Transformer(nn.Module):
         """``steps`` then the head over hidden states [1, T, hidden] at [start, start+T): fp32 logits
         [T, vocab] ([1, vocab] if last_only); the cache then holds [0, start+T).
 
-        With bf16 weights, more rows than ``kernels.MAX_ROWS`` go through in chunks of that many: the
-        compiled few-row kernel beats torch's bf16 matmul on CPUs without native bf16, and a row's
-        result must not depend on how many rows share its pass (greedy speculative output equals
-        plain output). Each chunk attends to the ones before it through the cache. int8 matrices
-        need no chunks: integer sums give the same bits whatever the number of rows.
+        With bf16 weights, more rows than ``kernels.MAX_ROWS`` go through in chunks of that many: a
+        verification row's result must not depend on how many rows share its pass (greedy speculative
+        output equals plain output), which the compiled few-row kernel guarantees. Each chunk attends
+        to the ones before it through the cache. A prompt (more than ``kernels.INVARIANT_ROWS`` rows)
+        takes torch's matmul in one pass where that measured faster (``kernels.bf16_prompt_in_one_pass``).
+        int8 matrices need no chunks: integer sums give the same bits whatever the number of rows.
         """
         T = hidden.shape[1]
         bf16_kernel = self.quantization is None and self.dtype is torch.bfloat16 and kernels.available()
+        if bf16_kernel and T > kernels.INVARIANT_ROWS and kernels.bf16_prompt_in_one_pass():
+            bf16_kernel = False
         chunk = kernels.MAX_ROWS if bf16_kernel else T
         outputs = []
         for begin in range(0, T, chunk):
