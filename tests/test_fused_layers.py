@@ -169,3 +169,26 @@ def test_a_model_that_ran_can_be_copied_and_the_copy_runs_its_own_stack(monkeypa
     twin = copy.deepcopy(model)  # the stack (compiled, over the original's tensors) is not copied
     assert torch.equal(_pass(twin, monkeypatch, True, 3)[0], before[0])
     assert twin._stack(None) is not model._stack(None)
+
+
+def test_row_count_paths_are_measured_on_the_models_own_matrices(monkeypatch):
+    import time
+
+    linears = [kernels.Int8Linear.from_float(torch.randn(48, 64)) for _ in range(3)]
+    monkeypatch.setattr(kernels, "_same_layout_paths", lambda: ("fast", "slow"))
+    seen = []
+
+    def accumulate(q, weight, row_sums, path):  # "slow" is slow from 4 rows up, on these very matrices
+        seen.append(weight)
+        if path == "slow" and q.shape[0] >= 4:
+            time.sleep(0.002)
+        if path == "fast" and q.shape[0] < 4:
+            time.sleep(0.002)
+
+    monkeypatch.setattr(kernels, "int8_accumulate", accumulate)
+    monkeypatch.delitem(kernels._state, "int8_table", raising=False)
+    kernels.measure_row_counts(linears)
+    assert kernels._state["int8_table"] == ["slow" if m < 4 else "fast" for m in kernels.ROW_COUNTS]
+    assert {id(w) for w in seen} == {id(layer.weight) for layer in linears}
+    kernels.measure_row_counts([kernels.Int8Linear.from_float(torch.randn(16, 64))])  # once per process
+    assert kernels._state["int8_table"][0] == "slow"

@@ -351,15 +351,58 @@ def int8_path(rows: int) -> str:
     return table[next((i for i, m in enumerate(ROW_COUNTS) if m >= rows), len(ROW_COUNTS) - 1)]
 
 
-def _row_count_table() -> list[str]:
+def _same_layout_paths() -> tuple[str, ...]:
+    """The compiled paths that read the weights in the layout ``few_row_path`` stored them in ("intmm" is
+    the prompt path); one path only when VERISPEC_INT8_PATH fixes it."""
     chosen = few_row_path()
-    same_layout = tuple(p for p in int8_paths() if p != "intmm" and weight_layout(p) == weight_layout(chosen))
-    if os.environ.get("VERISPEC_INT8_PATH") or len(same_layout) < 2:
-        return [chosen] * len(ROW_COUNTS)
+    if os.environ.get("VERISPEC_INT8_PATH"):
+        return (chosen,)
+    return tuple(p for p in int8_paths() if p != "intmm" and weight_layout(p) == weight_layout(chosen))
+
+
+def _row_count_table() -> list[str]:
+    """Without a model's weights to measure on (``measure_row_counts``): synthetic matrices."""
+    same_layout = _same_layout_paths()
+    if len(same_layout) < 2:
+        return [few_row_path()] * len(ROW_COUNTS)
     timings = {m: measure_int8_paths(same_layout, rows=(m,), matrices=4, repeats=3) for m in ROW_COUNTS}
-    table = [min(timings[m], key=timings[m].get) for m in ROW_COUNTS]
-    log.info("int8 path by rows: %s", ", ".join(f"{m}: {p}" for m, p in zip(ROW_COUNTS, table)))
+    return _log_table([min(timings[m], key=timings[m].get) for m in ROW_COUNTS], "synthetic matrices")
+
+
+def _log_table(table: list[str], what: str) -> list[str]:
+    log.info("int8 path by rows (%s): %s", what, ", ".join(f"{m}: {p}" for m, p in zip(ROW_COUNTS, table)))
     return table
+
+
+def measure_row_counts(linears: list["Int8Linear"]) -> None:
+    """Choose ``int8_path``'s path per row count on a model's own int8 matrices, once per process (the
+    first quantized model loaded): each path times a sweep over all of them, as a forward pass streams
+    them from memory. Synthetic matrices of a few MB stay in a large L3 cache and misjudge that regime:
+    on a 2-core Xeon with a 300 MB L3 they rated the VNNI kernel level with AMX tiles at 4 rows, where a
+    pass of the 1.5B model took 88 ms on VNNI and 52 ms on tiles. Every path gives the same integers."""
+    if "int8_table" in _state or _load() is None or not linears:
+        return
+    same_layout = _same_layout_paths()
+    if len(same_layout) < 2:
+        return
+    import time
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = {m: {n: torch.randint(-127, 128, (m, n), dtype=torch.int8, generator=generator)
+                  for n in {layer.in_features for layer in linears}} for m in ROW_COUNTS}
+
+    def sweep(m: int, path: str) -> float:
+        begin = time.perf_counter()
+        for layer in linears:
+            int8_accumulate(inputs[m][layer.in_features], layer.weight, layer.row_sums, path)
+        return time.perf_counter() - begin
+
+    sweep(1, same_layout[0])  # warm-up
+    table = []
+    for m in ROW_COUNTS:
+        timings = {path: min(sweep(m, path), sweep(m, path)) for path in same_layout}
+        table.append(min(timings, key=timings.get))
+    _state["int8_table"] = _log_table(table, f"measured on {len(linears)} model matrices")
 
 
 def measure_int8_paths(paths: tuple[str, ...], rows: tuple[int, ...] = (1, 8), out: int = 4096,

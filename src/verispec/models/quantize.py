@@ -147,6 +147,7 @@ def quantized_linears(model: Any, scheme: str = "int8") -> dict[str, Int8Linear]
         _, bias = _source_weight(model, name)
         out[name] = Int8Linear(tensors[f"{name}.weight"], tensors[f"{name}.scale"], tensors[f"{name}.row_sums"],
                                None if bias is None else bias.detach().float())
+    kernels.measure_row_counts(list(out.values()))  # which path for how many rows: once per process
     return out
 
 
