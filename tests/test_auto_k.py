@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 import verispec
-from verispec import adaptive
+from verispec import adaptive, kernels
 from verispec.adaptive import Acceptance, AutoK, CostCurve, expected_tokens, parse_k
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig
@@ -288,6 +288,15 @@ def test_the_disk_cache_is_keyed_by_machine_and_rebuilt_when_wrong(tiny_llama, m
         assert fresh_run().calibration_seconds > 0
     assert "unreadable" in caplog.text
     assert json.loads(files[0].read_text())["curve"]["verify"]  # rewritten whole
+
+
+def test_costs_measured_with_other_int8_paths_are_not_reused(monkeypatch):
+    if not kernels.available():
+        pytest.skip("no compiled kernels: one runtime only")
+    monkeypatch.setitem(kernels._state, "int8_table", ["vnni"] * len(kernels.ROW_COUNTS))
+    on_vnni = adaptive.machine()
+    monkeypatch.setitem(kernels._state, "int8_table", ["amx"] * len(kernels.ROW_COUNTS))
+    assert adaptive.machine() != on_vnni  # a verification curve measured on VNNI is wrong for AMX tiles
 
 
 @pytest.mark.parametrize("bad", [0, -2, 2.5, True, "fast", "auto:greedy", "", None])

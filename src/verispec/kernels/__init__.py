@@ -62,12 +62,14 @@ def _digest(*patterns: str) -> str:
 
 def runtime() -> str:
     """What this process's arithmetic runs on, for keys of measured costs: a digest of the kernels' sources
-    (or "torch" without them) and the switches that change which code runs."""
+    (or "torch" without them), the switches that change which code runs, and the int8 paths chosen per
+    row count once they have been (a verification pass on VNNI instead of AMX tiles costs twice as much)."""
     if _load() is None:
         return "torch"
-    digest = _state.get("sources") or _state.setdefault("sources", _digest("*.cpp", "*.h"))
+    digest = _state.get("sources") or _state.setdefault("sources", _digest("*.cpp", "*.h", "*.py"))
     switches = ",".join(f"{name}={os.environ.get(name, '')}" for name in ("VERISPEC_FUSED_LAYERS", "VERISPEC_INT8_PATH"))
-    return f"{digest};{switches}"
+    table = _state.get("int8_table")
+    return f"{digest};{switches}" + (f";int8={','.join(table)}" if table else "")  # type: ignore[arg-type]
 
 
 def available() -> bool:
@@ -439,8 +441,8 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, row_
     in fp32.
 
     A row's result is the same bits whatever else is in ``x`` and whichever path computed it: up to
-    ``INVARIANT_ROWS`` rows take the compiled path ``few_row_path`` chose, more (a prompt) torch's
-    ``_int_mm``.
+    ``INVARIANT_ROWS`` rows take the path ``int8_path`` chose for that many rows, more (a prompt) AMX
+    tiles or torch's ``_int_mm``.
     """
     rows = x.numel() // x.shape[-1]
     module = _load()
