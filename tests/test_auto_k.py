@@ -158,6 +158,26 @@ def test_a_short_proposal_ends_the_chain():
     assert alphas[0] > 0.9 and alphas[1] > 0.9 and alphas[2] < 0.1
 
 
+def test_steps_with_nothing_to_propose_are_plain_steps_not_rejections():
+    """Prompt lookup finds a match on one step in four, and then its candidates are kept: asking costs
+    nothing on the other three (they are plain steps), so the controller keeps asking, and predicts
+    the mixture of both kinds of step. Counted as rejections, the empty steps would put acceptance
+    near 1/4, where a verified row's 0.3 steps of extra cost does not pay: plain decoding."""
+    auto = _controller(_curve(verify_per_row=0.3, draft_per_token=0.0))
+    ks = []
+    for step in range(80):
+        k = auto.choose(budget=100)
+        ks.append(k)
+        proposed = min(k, 3) if step % 4 == 0 else 0
+        auto.observe(k, proposed, proposed, proposed + 1, 0.0, 1.0 + 0.3 * proposed, 0.0)
+    assert all(ks[40:])  # never plain
+    assert 0.15 < auto.proposes < 0.4 and auto.acceptance.alphas()[0] > 0.9
+    m, k = auto.proposes, auto.choose(budget=100)
+    tokens, seconds = auto._prediction  # a quarter of the steps commit K + 1 tokens, the rest one
+    assert tokens == pytest.approx(m * expected_tokens(auto._alphas, k) + 1 - m)
+    assert seconds == pytest.approx(m * auto.cost(k) + (1 - m) * auto.cost(0))
+
+
 def test_the_draft_side_stop_learns_which_confidences_fail():
     """Tokens drafted with low confidence were always rejected, confident ones always kept: the stop
     cuts after a doubtful token and not after a confident one."""

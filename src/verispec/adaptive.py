@@ -383,6 +383,10 @@ class AutoK:
         self.steps = 0
         self.plain_steps = self.probes = 0
         self.since_speculation = 0  # plain steps in a row
+        # Steps that asked for candidates and got some, of those that asked (decayed like the acceptance
+        # counts): prompt lookup proposes nothing where its n-gram has no earlier match, and such a
+        # step costs a plain step, not a rejection.
+        self.asked = self.answered = 0.0
         self.failed: str | None = None
         self.calibration_seconds = 0.0
         self.verify_scale = self.draft_scale = 1.0  # what the run's steps take relative to the measured curve
@@ -423,8 +427,14 @@ class AutoK:
         """The measured cost of a pass over ``rows`` positions at the run's current context."""
         return self.curve.verify_at(rows, len(self._tokens) - 1)
 
+    @property
+    def proposes(self) -> float:
+        """The chance that a step asking for candidates gets any (1 for drafters that always propose)."""
+        return (self.answered + PRIOR_WEIGHT) / (self.asked + PRIOR_WEIGHT)
+
     def rates(self, budget: int = K_MAX) -> list[float]:
-        """Predicted committed tokens per second for K = 0..min(K_MAX, budget)."""
+        """Predicted committed tokens per second for K = 0..min(K_MAX, budget), for a step whose drafter
+        proposes (a step asking for candidates and getting none is a plain step: K = 0's rate)."""
         self._alphas = self.acceptance.alphas()
         return [tokens / self.cost(k) for k, tokens in enumerate(chain_tokens(self._alphas, min(K_MAX, budget)))]
 
@@ -448,7 +458,8 @@ class AutoK:
         else:
             k = 0
         self._rate = rates[k]
-        self._prediction = (rates[k] * self.cost(k), self.cost(k))
+        m = self.proposes if k else 1.0  # without a proposal the step is a plain one
+        self._prediction = (m * rates[k] * self.cost(k) + (1 - m), m * self.cost(k) + (1 - m) * self.cost(0))
         self._reach, self._confidence, self._stopped = 1.0, [], False
         return k
 
@@ -486,7 +497,11 @@ class AutoK:
         # ran out; a drafter with nothing to propose): that position counts as a rejection, unless the
         # draft-side stop chose to end it.
         chain_ended = accepted == proposed < asked and not self._stopped
-        self.acceptance.observe(proposed + chain_ended, accepted, self._confidence or None)
+        if asked:
+            self.asked = DECAY * self.asked + 1
+            self.answered = DECAY * self.answered + (proposed > 0)
+        if proposed or not asked:  # nothing proposed although asked: a plain step, nothing was judged
+            self.acceptance.observe(proposed + chain_ended, accepted, self._confidence or None)
         self.steps += 1
         if asked:
             self.since_speculation = 0
