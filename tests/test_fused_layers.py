@@ -192,3 +192,17 @@ def test_row_count_paths_are_measured_on_the_models_own_matrices(monkeypatch):
     assert {id(w) for w in seen} == {id(layer.weight) for layer in linears}
     kernels.measure_row_counts([kernels.Int8Linear.from_float(torch.randn(16, 64))])  # once per process
     assert kernels._state["int8_table"][0] == "slow"
+    # A large model: the sweep stops once it has covered more than the last-level cache.
+    monkeypatch.delitem(kernels._state, "int8_table")
+    monkeypatch.setattr(kernels, "SWEEP_MIN_BYTES", 2 * 48 * 64)
+    monkeypatch.setattr("verispec.machine.last_level_cache_bytes", lambda: 0)
+    seen.clear()
+    kernels.measure_row_counts(linears)
+    assert {id(w) for w in seen} == {id(layer.weight) for layer in linears[:2]}
+
+
+def test_the_last_level_cache_is_read_where_linux_reports_it():
+    from verispec.machine import last_level_cache_bytes
+
+    size = last_level_cache_bytes()
+    assert size == 0 or size >= 1 << 20  # a real L2/L3 is at least a megabyte; 0 where sysfs is absent

@@ -376,18 +376,32 @@ def _log_table(table: list[str], what: str) -> list[str]:
     return table
 
 
+SWEEP_MIN_BYTES = 256 << 20  # measure_row_counts sweeps at least this many bytes of weights
+
+
 def measure_row_counts(linears: list["Int8Linear"]) -> None:
     """Choose ``int8_path``'s path per row count on a model's own int8 matrices, once per process (the
     first quantized model loaded): each path times a sweep over all of them, as a forward pass streams
     them from memory. Synthetic matrices of a few MB stay in a large L3 cache and misjudge that regime:
     on a 2-core Xeon with a 300 MB L3 they rated the VNNI kernel level with AMX tiles at 4 rows, where a
-    pass of the 1.5B model took 88 ms on VNNI and 52 ms on tiles. Every path gives the same integers."""
+    pass of the 1.5B model took 88 ms on VNNI and 52 ms on tiles. The sweep covers the first matrices
+    up to 1.25x the last-level cache (at least 256 MB; all of a smaller model): enough to stream from
+    memory, a fraction of a large model's load time. Every path gives the same integers."""
     if "int8_table" in _state or _load() is None or not linears:
         return
     same_layout = _same_layout_paths()
     if len(same_layout) < 2:
         return
     import time
+
+    from verispec.machine import last_level_cache_bytes
+
+    budget, swept = max(SWEEP_MIN_BYTES, int(1.25 * last_level_cache_bytes())), 0
+    for count, layer in enumerate(linears, 1):
+        swept += layer.weight.numel()
+        if swept >= budget:
+            linears = linears[:count]
+            break
 
     generator = torch.Generator().manual_seed(0)
     inputs = {m: {n: torch.randint(-127, 128, (m, n), dtype=torch.int8, generator=generator)
