@@ -55,19 +55,17 @@ def prefill_table(name: str, formats: list[str], target: int, repeats: int) -> N
     models = {fmt: load_model(name, **FORMATS[fmt]) for fmt in formats}
     hf = load_hf(name, torch.bfloat16)
     ids, what = summarization_prompt(next(iter(models.values())).tokenizer, target)
-    runs: dict[str, list[float]] = {fmt: [] for fmt in [*formats, "transformers bf16"]}
-    caches = {fmt: model.new_cache(len(ids) + 1) for fmt, model in models.items()}
+    prefills = {fmt: (lambda m=model, c=model.new_cache(len(ids) + 1): m.forward(ids, c, 0, last_only=True))
+                for fmt, model in models.items()}
+    prefills["transformers bf16"] = lambda: hf(ids[None], logits_to_keep=1)  # what its generate() computes
+    runs: dict[str, list[float]] = {fmt: [] for fmt in prefills}
     with torch.inference_mode():
         for turn in range(repeats + 1):  # the first turn warms up
-            for fmt, model in models.items():
+            for fmt, prefill in prefills.items():
                 begin = time.perf_counter()
-                model.forward(ids, caches[fmt], 0, last_only=True)
+                prefill()
                 if turn:
                     runs[fmt].append(time.perf_counter() - begin)
-            begin = time.perf_counter()
-            hf(ids[None], logits_to_keep=1)
-            if turn:
-                runs["transformers bf16"].append(time.perf_counter() - begin)
     base = statistics.median(runs["transformers bf16"])
     print(f"\n{name}: prefill of the {what}, median of {repeats} (formats taking turns)")
     print("| format | prefill s (tok/s) | runs (s) | vs transformers bf16 |")

@@ -30,13 +30,13 @@ def cpu_flags_digest() -> str:
 
 def last_level_cache_bytes() -> int:
     """The largest CPU cache's size in bytes as Linux reports it (0 when it cannot be read)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     sizes = [0]
     for folder in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         try:
             text = (folder / "size").read_text().strip().upper()
         except OSError:
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         if text[:-1].isdigit() and text[-1] in units:
             sizes.append(int(text[:-1]) * units[text[-1]])
         elif text.isdigit():

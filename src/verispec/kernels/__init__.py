@@ -104,6 +104,19 @@ class Linear(torch.nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
+def _median_seconds(fn, repeats: int) -> float:
+    """``fn``'s median wall time over ``repeats`` calls, after one warm-up call."""
+    import time
+
+    fn()
+    runs = []
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        fn()
+        runs.append(time.perf_counter() - begin)
+    return sorted(runs)[len(runs) // 2]
+
+
 def bf16_prompt_in_one_pass() -> bool:
     """Whether a bf16 prompt (more than ``INVARIANT_ROWS`` rows) goes through torch's bf16 matmul in one
     pass instead of the compiled kernel ``MAX_ROWS`` rows at a time: measured once per process on a
@@ -115,8 +128,6 @@ def bf16_prompt_in_one_pass() -> bool:
     module = _load()
     one_pass = True
     if module is not None:
-        import time
-
         weight = torch.randn(4096, 1536).bfloat16()
         x = torch.randn(INVARIANT_ROWS + 1, 1536)
         paths = {
@@ -124,15 +135,7 @@ def bf16_prompt_in_one_pass() -> bool:
             "chunks": lambda: torch.cat([module.bf16_linear(x[b:b + MAX_ROWS], weight)
                                          for b in range(0, x.shape[0], MAX_ROWS)]),
         }
-        timings = {}
-        for name, fn in paths.items():
-            fn()
-            runs = []
-            for _ in range(3):
-                begin = time.perf_counter()
-                fn()
-                runs.append(time.perf_counter() - begin)
-            timings[name] = sorted(runs)[1]
+        timings = {name: _median_seconds(fn, 3) for name, fn in paths.items()}
         one_pass = timings["one pass"] < timings["chunks"]
         log.info("bf16 prompts: %s (%s)", "torch's matmul in one pass" if one_pass else f"{MAX_ROWS}-row chunks",
                  ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in timings.items()))
@@ -381,8 +384,8 @@ SWEEP_MIN_BYTES = 256 << 20  # measure_row_counts sweeps at least this many byte
 
 def measure_row_counts(linears: list["Int8Linear"]) -> None:
     """Choose ``int8_path``'s path per row count on a model's own int8 matrices, once per process (the
-    first quantized model loaded): each path times a sweep over all of them, as a forward pass streams
-    them from memory. Synthetic matrices of a few MB stay in a large L3 cache and misjudge that regime:
+    first quantized model loaded): each path times a sweep over them, streamed from memory as a
+    forward pass streams them. Synthetic matrices of a few MB stay in a large L3 cache and misjudge that regime:
     on a 2-core Xeon with a 300 MB L3 they rated the VNNI kernel level with AMX tiles at 4 rows, where a
     pass of the 1.5B model took 88 ms on VNNI and 52 ms on tiles. The sweep covers the first matrices
     up to 1.25x the last-level cache (at least 256 MB; all of a smaller model): enough to stream from
@@ -425,8 +428,6 @@ def measure_int8_paths(paths: tuple[str, ...], rows: tuple[int, ...] = (1, 8), o
                        inner: int = 1536, repeats: int = 5, matrices: int = 1) -> dict[str, float]:
     """Median seconds of each path over ``rows`` (summed) on ``matrices`` [out, inner] products in turn
     (~6 MB of weights each; several exceed the L2 cache, as a model's layers do)."""
-    import time
-
     rows_weights = [torch.randint(-127, 128, (out, inner), dtype=torch.int8) for _ in range(matrices)]
     sums = [w.sum(dim=1, dtype=torch.int32) for w in rows_weights]
     timings = {}
@@ -435,15 +436,8 @@ def measure_int8_paths(paths: tuple[str, ...], rows: tuple[int, ...] = (1, 8), o
         total = 0.0
         for m in rows:
             q = torch.randint(-127, 128, (m, inner), dtype=torch.int8)
-            for weight, row_sums in zip(weights, sums):
-                int8_accumulate(q, weight, row_sums, path)  # warm-up
-            runs = []
-            for _ in range(repeats):
-                begin = time.perf_counter()
-                for weight, row_sums in zip(weights, sums):
-                    int8_accumulate(q, weight, row_sums, path)
-                runs.append(time.perf_counter() - begin)
-            total += sorted(runs)[len(runs) // 2]
+            total += _median_seconds(lambda: [int8_accumulate(q, w, s, path) for w, s in zip(weights, sums)],
+                                     repeats)
         timings[path] = total
     return timings
 
