@@ -19,22 +19,13 @@ import time
 import torch
 
 from verispec import load_model
+from verispec.kernels import median_seconds
 from verispec.bench.engines import load_hf
 from verispec.bench.runner import cpu_name
 from verispec.bench.workloads import spec_bench
 from verispec.errors import VerispecError
 
 FORMATS = {"bf16": dict(dtype="bfloat16"), "int8": dict(dtype="bfloat16", quantize="int8")}
-
-
-def timed(fn, repeats: int) -> float:
-    fn()
-    runs = []
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - begin)
-    return statistics.median(runs)
 
 
 def summarization_prompt(tokenizer, length: int) -> tuple[torch.Tensor, str]:
@@ -101,8 +92,8 @@ def main() -> None:
                                     generator=torch.Generator().manual_seed(0))
                 cache = model.new_cache(args.context + 16)
                 model.forward(ids[: args.context], cache, 0)
-                cost = {m: timed(lambda: model.forward(ids[args.context:args.context + m], cache, args.context),
-                                 args.repeats) for m in rows}
+                cost = {m: median_seconds(lambda: model.forward(ids[args.context:args.context + m], cache, args.context),
+                                          args.repeats) for m in rows}
                 print(f"| {name} | {fmt} | {cost[1] * 1e3:.1f} | "
                       + " | ".join(f"{cost[m] / cost[1]:.2f}x" for m in rows[1:]) + " |", flush=True)
                 del model, cache

@@ -104,7 +104,7 @@ class Linear(torch.nn.Linear):
         return linear(x, self.weight, self.bias)
 
 
-def _median_seconds(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int) -> float:
     """``fn``'s median wall time over ``repeats`` calls, after one warm-up call."""
     import time
 
@@ -135,7 +135,7 @@ def bf16_prompt_in_one_pass() -> bool:
             "chunks": lambda: torch.cat([module.bf16_linear(x[b:b + MAX_ROWS], weight)
                                          for b in range(0, x.shape[0], MAX_ROWS)]),
         }
-        timings = {name: _median_seconds(fn, 3) for name, fn in paths.items()}
+        timings = {name: median_seconds(fn, 3) for name, fn in paths.items()}
         one_pass = timings["one pass"] < timings["chunks"]
         log.info("bf16 prompts: %s (%s)", "torch's matmul in one pass" if one_pass else f"{MAX_ROWS}-row chunks",
                  ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in timings.items()))
@@ -436,7 +436,7 @@ def measure_int8_paths(paths: tuple[str, ...], rows: tuple[int, ...] = (1, 8), o
         total = 0.0
         for m in rows:
             q = torch.randint(-127, 128, (m, inner), dtype=torch.int8)
-            total += _median_seconds(lambda: [int8_accumulate(q, w, s, path) for w, s in zip(weights, sums)],
+            total += median_seconds(lambda: [int8_accumulate(q, w, s, path) for w, s in zip(weights, sums)],
                                      repeats)
         timings[path] = total
     return timings
