@@ -68,7 +68,7 @@ def test_rms_norm_and_silu_mul_match_torch():
     assert torch.allclose(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6)
 
 
-@pytest.mark.parametrize("width", [8, 13, 100, 1536])
+@pytest.mark.parametrize("width", [8, 13, 45, 100, 1536])  # 32-wide blocks, 8-wide blocks, tails
 def test_quantize_rows_gives_the_torch_bits_in_vector_blocks_and_tails(width, monkeypatch):
     x = torch.randn(6, width) * 3
     x[1, :] = torch.arange(width) - width / 2 + 0.5  # ties (k + 0.5) * 127 / max: round half to even
@@ -90,3 +90,17 @@ def test_silu_mul_matches_torch_with_tails_and_extremes(half):
     gate, up = gate_up.chunk(2, dim=-1)
     got, expected = kernels.silu_mul(gate_up), F.silu(gate) * up
     assert torch.isnan(got[0, half - 1]) and torch.allclose(got.nan_to_num(), expected.nan_to_num(), rtol=1e-6, atol=1e-6)
+
+
+def test_silu_mul_and_rms_norm_give_an_element_the_same_bits_wherever_it_falls():
+    """silu_mul runs 16 lanes (AVX-512), then 8, then a padded tail; rms_norm sums squares in 16 partial
+    sums: shifting a row must move its results and change none of their bits (45 = 16 + 16 + 8 + 5)."""
+    torch.manual_seed(0)
+    gate, up = torch.randn(45) * 4, torch.randn(45)
+    base = kernels.silu_mul(torch.cat([gate, up])[None])[0]
+    for shift in range(1, 16):
+        g, u = torch.cat([torch.randn(shift), gate]), torch.cat([torch.randn(shift), up])
+        assert torch.equal(kernels.silu_mul(torch.cat([g, u])[None])[0, shift:], base), shift
+    x, weight = torch.randn(4, 1536), torch.randn(1536)
+    alone = torch.cat([kernels.rms_norm(x[i:i + 1], weight, 1e-6) for i in range(4)])
+    assert torch.equal(kernels.rms_norm(x, weight, 1e-6), alone)

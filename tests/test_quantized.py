@@ -30,7 +30,7 @@ def test_every_int8_path_gives_the_same_integers(out, inner):
     torch.manual_seed(out * inner)
     w = torch.randint(-127, 128, (out, inner), dtype=torch.int8)
     sums = w.sum(dim=1, dtype=torch.int32)
-    for rows in (1, 2, 3, 4, 5, 8, 15, 16):
+    for rows in (1, 2, 3, 4, 5, 8, 15, 16, 17, 32, 33, 50, 65):  # AMX: 1 x 4 tiles to 16 rows, then 2 x 2
         q = torch.randint(-127, 128, (rows, inner), dtype=torch.int8)
         reference = q.long() @ w.long().t()
         for path in _paths():
