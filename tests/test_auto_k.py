@@ -148,6 +148,31 @@ def test_an_expensive_draft_probes_less_often():
     assert first == math.ceil((0.9 + 0.02) / (adaptive.PROBE_SHARE * 1.0))
 
 
+def test_after_a_dip_in_a_run_where_speculation_pays_probes_come_back_sooner(monkeypatch):
+    """A 0.5B draft for a 1.5B target (0.36 of a step): a run that kept nearly everything hits a
+    stretch of rejections and goes plain. Its pooled acceptance still says speculation pays, so the
+    next probe comes after PROBE_FIRST plain steps, where PROBE_SHARE alone would allow one after ~37;
+    a run whose pooled rate is poor still waits that long (test_an_expensive_draft_probes_less_often)."""
+    def plain_steps_before_a_probe(paying_share: float) -> int:
+        monkeypatch.setattr(adaptive, "PROBE_SHARE_PAYING", paying_share)
+        auto = _controller(_curve(draft_per_token=0.36, verify_per_row=0.01))
+        for _ in range(150):
+            auto.acceptance.observe(2, 2)
+        for _ in range(25):
+            auto.acceptance.observe(2, 0)
+        assert auto.acceptance.pooled > 0.8 and auto.acceptance.alphas()[0] < 0.4
+        for step in range(100):
+            k = auto.choose(budget=1000)
+            if k:
+                return step
+            auto.observe(0, 0, 0, 1, 0.0, 1.0, 0.0)
+        return 100
+    assert plain_steps_before_a_probe(adaptive.PROBE_SHARE_PAYING) == adaptive.PROBE_FIRST
+    # negative control: with the share used while speculation does not pay, nothing probes; speculation
+    # returns only once the forgetting has pulled the dip's estimates back toward the pooled rate (20 steps)
+    assert plain_steps_before_a_probe(adaptive.PROBE_SHARE) >= 2 * adaptive.PROBE_FIRST
+
+
 def test_a_short_proposal_ends_the_chain():
     """Prompt lookup's match ran out after 2 kept candidates: position 2 counts as rejected."""
     auto = _controller(_curve(draft_per_token=0.0))

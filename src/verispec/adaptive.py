@@ -19,7 +19,10 @@ the K with the most tokens per second; K = 0 wins unless a K > 0 is predicted to
 Without speculation nothing is learned about acceptance, so a probe step (the best K > 0) runs after
 every ``PROBE_FIRST`` plain steps, or after as many as keep probes under ``PROBE_SHARE`` of the time if
 that is more (a probe's extra cost over a plain step: a draft costing most of a step waits ~90 steps,
-prompt lookup ~10): speculation returns when the text turns copy-heavy again. A proposal that ends
+prompt lookup ~10): speculation returns when the text turns copy-heavy again. While the run's pooled
+acceptance (which forgets ten times slower) says speculation pays, a plain stretch is likely a dip, and
+probes may take ``PROBE_SHARE_PAYING`` of the time instead (a draft costing 0.36 of a step: every 8 steps,
+not every 37). A proposal that ends
 before K without the draft-side stop (prompt lookup's match ran out) counts as a rejection at the
 position where it ended: the chain stopped there.
 
@@ -63,7 +66,8 @@ K_MAX = 8  # the largest K the controller considers
 CURVE_ROWS = 16  # verification passes measured over M = 1..CURVE_ROWS positions
 MARGIN = 0.03  # a K > 0 must be predicted this much faster than plain decoding
 PROBE_FIRST = 8  # plain steps between probes at least ...
-PROBE_SHARE = 0.01  # ... and enough that probes cost at most this share of the time
+PROBE_SHARE = 0.01  # ... and enough that probes cost at most this share of the time, or
+PROBE_SHARE_PAYING = 0.05  # this share while the run's long-run acceptance says speculation pays
 ROUNDS = 3  # measurements per point of the cost curve (the fastest counts)
 DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20 steps)
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
@@ -452,7 +456,7 @@ class AutoK:
             k = len(rates) - 1
         elif rates[best] > rates[0] * (1 + MARGIN):
             k = best
-        elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(best)):
+        elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(best, self._pays_in_the_long_run(budget))):
             k = best  # a probe: what does acceptance look like now?
             self.probes += 1
         else:
@@ -463,10 +467,19 @@ class AutoK:
         self._reach, self._confidence, self._stopped = 1.0, [], False
         return k
 
-    def _probe_wait(self, k: int) -> float:
+    def _probe_wait(self, k: int, paying: bool = False) -> float:
         """Plain steps between probes so that probing with k candidates costs at most PROBE_SHARE of
-        the time (a probe's extra seconds over a plain step, its tokens not counted)."""
-        return (self.cost(k) - self.cost(0)) / (PROBE_SHARE * self.cost(0))
+        the time (a probe's extra seconds over a plain step, its tokens not counted), PROBE_SHARE_PAYING
+        while ``paying``."""
+        return (self.cost(k) - self.cost(0)) / ((PROBE_SHARE_PAYING if paying else PROBE_SHARE) * self.cost(0))
+
+    def _pays_in_the_long_run(self, budget: int) -> bool:
+        """Whether the run's pooled acceptance (~200 steps) says some K beats plain decoding. Then a
+        stretch run plain is more likely a dip than the text's nature, and probes come back sooner: a
+        0.5B draft for a 1.5B target (0.36 of a step) otherwise waited ~37 plain steps after every dip."""
+        pooled = [self.acceptance.pooled] * min(K_MAX, budget)
+        rates = [tokens / self.cost(k) for k, tokens in enumerate(chain_tokens(pooled, len(pooled)))]
+        return max(rates[1:]) > rates[0] * (1 + MARGIN)
 
     @property
     def wants_confidence(self) -> bool:
