@@ -27,7 +27,7 @@ def compiled():
 
 
 def _model(kind: str):
-    model = tiny_model(vocab=50, seed=3, layers=4, hidden=64)
+    model = tiny_model(vocab=50, seed=3, layers=4, hidden=64, context=256)
     if kind == "int8":
         return quantize_model(model, "int8")
     if kind == "bf16":
@@ -46,7 +46,7 @@ def _pass(model, monkeypatch, fused: bool, rows: int, steps=None, projections=No
     """Logits of ``rows`` new positions after a ``PREFIX``-token prefix, and the cache they leave."""
     monkeypatch.setenv("VERISPEC_FUSED_LAYERS", "1" if fused else "0")
     tokens = torch.randint(0, 50, (PREFIX + rows,), generator=torch.Generator().manual_seed(rows))
-    cache = model.new_cache(64)
+    cache = model.new_cache(PREFIX + rows)
     model.forward(tokens[:PREFIX], cache, 0)
     with torch.inference_mode():
         hidden = model.run_layers(model.embed_tokens(tokens[PREFIX:]), cache, PREFIX, steps or model.all_layers,
@@ -56,7 +56,7 @@ def _pass(model, monkeypatch, fused: bool, rows: int, steps=None, projections=No
 
 
 @pytest.mark.parametrize("kind", ["int8", "bf16", "fp32", "bias"])
-@pytest.mark.parametrize("rows", [1, 3, 9, 16, 40])
+@pytest.mark.parametrize("rows", [1, 3, 9, 16, 40, 100, 200])  # 100, 200: prompts (torch's attention, MLP chunks)
 def test_the_stack_gives_the_python_paths_bits(kind, rows, monkeypatch):
     model = _model(kind)
     python = _pass(model, monkeypatch, False, rows)
@@ -64,6 +64,18 @@ def test_the_stack_gives_the_python_paths_bits(kind, rows, monkeypatch):
     assert model._stack(None) is not None  # the fused run really took the stack
     for a, b in zip(fused, python):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", ["int8", "bf16", "bias"])
+def test_a_prompt_from_position_zero_takes_the_stack_with_the_python_paths_bits(kind, monkeypatch):
+    model = _model(kind)
+    tokens = torch.randint(0, 50, (150,), generator=torch.Generator().manual_seed(0))
+    logits = {}
+    for fused in (False, True):
+        monkeypatch.setenv("VERISPEC_FUSED_LAYERS", "1" if fused else "0")
+        cache = model.new_cache(150)
+        logits[fused] = (model.forward(tokens, cache, 0), cache.keys.clone())
+    assert torch.equal(logits[True][0], logits[False][0]) and torch.equal(logits[True][1], logits[False][1])
 
 
 def test_layer_plans_and_swapped_matrices_take_the_stack_with_the_same_bits(monkeypatch):

@@ -125,6 +125,21 @@ def test_a_prompts_mlp_in_chunks_gives_the_bits_of_one_pass(monkeypatch):
     assert torch.equal(model.forward(tokens, model.new_cache(300), 0), whole)
 
 
+@pytest.mark.parametrize("half", [48, 40])  # gate and up in whole 16-channel blocks, or not
+def test_silu_applied_as_the_sums_leave_the_tiles_gives_the_bits_of_product_then_silu(half):
+    torch.manual_seed(half)
+    layer = kernels.Int8Linear.from_float(torch.randn(2 * half, 96))
+    module = kernels._load()
+    for rows in (1, 5, 16, 17, 33, 50, 128):
+        x = torch.randn(1, rows, 96)
+        x[0, -1] *= 40  # an outlier row
+        fused = kernels.gate_up_silu(layer, x)
+        assert fused.shape == (1, rows, half) and torch.equal(fused, kernels.silu_mul(layer(x))), rows
+        if module is not None and "amx" in kernels.int8_paths() and kernels.weight_layout(kernels.few_row_path()) == "packed":
+            on_tiles = module.int8_silu_on_tiles(x, layer.weight, 2 * half, kernels.int8_path(rows))
+            assert on_tiles == (rows > 16 and half % 16 == 0 and kernels.int8_path(rows) == "amx"), rows
+
+
 def test_k_above_the_row_by_row_limit_is_refused():
     assert verispec.PromptLookup(k=kernels.MAX_K).k == kernels.MAX_K
     with pytest.raises(VerispecError, match="at most 64"):

@@ -225,6 +225,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+def gate_up_silu(projection: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a fused [gate | up] projection of ``x``. An int8 projection without a bias computes
+    it in one compiled call: for a prompt on AMX tiles the silu is applied as the sums leave the tiles,
+    and the [rows, 2 * intermediate] product is never written (the same bits as the product, then
+    ``silu_mul``)."""
+    module = _load()
+    if module is not None and isinstance(projection, Int8Linear) and projection.bias is None:
+        rows = x.numel() // x.shape[-1]
+        return module.int8_gate_up_silu(x, projection.weight, projection.scale, projection.row_sums, int8_path(rows))
+    return silu_mul(projection(x))
+
+
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up for a fused [..., 2 * intermediate] projection, gate first."""
     module = _load()

@@ -23,6 +23,8 @@
 #include <limits>
 #include <utility>
 
+#include "vec_math.h"
+
 namespace {
 
 constexpr int64_t kBlock = 4;  // output channels per block (weights read once per block)
@@ -227,7 +229,8 @@ struct Rescale {
   const float* x_scale;  // [rows]
   const float* w_scale;  // [out]
   const float* bias;     // [out] or null
-  float* y;              // [rows, out]
+  float* y;              // [rows, out], or [rows, half] with silu
+  int64_t half = 0;      // > 0: y = silu(gate) * up of a [gate | up] product, gate's width half (see amx_silu)
 };
 
 // Subtract 128 * sum(w) from a stored C tile c [16 rows][16 channels] (the activations went in as q + 128)
@@ -253,6 +256,29 @@ __attribute__((target("avx512f,avx512bw"))) inline void amx_epilogue(
     v = _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(rescale->x_scale[row])), ws);
     if (rescale->bias) v = _mm512_add_ps(v, wb);
     _mm512_mask_storeu_ps(rescale->y + row * out + o0, valid, v);
+  }
+}
+
+// silu(gate) * up from a gate tile c and the matching up tile d (channels o0 and o0 + up_offset of a
+// [gate | up] product; rows row0 .. row0 + 15 below ``rows``): each value rescaled as amx_epilogue does,
+// then silu_mul's operations (bf16_gemv.cpp, silu_mul_16) lane by lane, so the bits are those of
+// int8_linear followed by silu_mul, without the [rows, 2 * half] product written and read back.
+__attribute__((target("avx512f,avx512bw"))) inline void amx_silu(
+    const int32_t* c, const int32_t* d, int64_t row0, int64_t o0, int64_t up_offset, const int32_t* wsum,
+    int64_t rows, const Rescale& rescale) {
+  const int64_t last = std::min<int64_t>(16, rows - row0);
+  const __m512i k128 = _mm512_set1_epi32(128);
+  const __m512i bias_g = _mm512_mullo_epi32(_mm512_loadu_si512(wsum + o0), k128);
+  const __m512i bias_u = _mm512_mullo_epi32(_mm512_loadu_si512(wsum + o0 + up_offset), k128);
+  const __m512 ws_g = _mm512_loadu_ps(rescale.w_scale + o0), ws_u = _mm512_loadu_ps(rescale.w_scale + o0 + up_offset);
+  for (int64_t r = 0; r < last; ++r) {
+    const int64_t row = row0 + r;
+    const __m512 xs = _mm512_set1_ps(rescale.x_scale[row]);
+    const __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(c + r * 16), bias_g)), xs), ws_g);
+    const __m512 u = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(d + r * 16), bias_u)), xs), ws_u);
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));
+    const __m512 s = _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), e));
+    _mm512_storeu_ps(rescale.y + row * rescale.half + o0, _mm512_mul_ps(s, u));
   }
 }
 
@@ -297,37 +323,53 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void amx_group(
 // tile, block) pairs, A 4-5, B 6-7. Each step loads 4 tiles for 4 multiplies where amx_group loads 5:
 // products are bound by tile loads, not multiplies (on a Xeon with a 2 MB L2, 2 x 2 ran 700 GMAC/s per
 // core with the weights in L2, 1 x 4 480).
+//
+// The second channel block is block0 + second (the next one; or, for silu(gate) * up, the up block that
+// matches the gate block). ``next`` holds the starts of the next pair's two blocks (kbs lines each),
+// prefetched into L2 a share per step while this pair computes: tile loads from memory wait on each
+// cache miss (the hardware prefetcher does not cover them).
 template <int RT, int NB>
 __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void amx_block(
-    const uint8_t* xu, int64_t i64, int64_t rt0, const int8_t* wp, int64_t block0, int64_t kbs,
+    const uint8_t* xu, int64_t i64, int64_t rt0, const int8_t* wp, int64_t block0, int64_t second, int64_t kbs,
     const int32_t* wsum, int32_t* acc, int64_t rows, int64_t out, const Rescale* rescale,
-    const int8_t* next, int64_t next_lines, int64_t first_line, int64_t lines_per_step) {
+    const std::array<const int8_t*, 2>& next, int64_t first_line, int64_t lines_per_step) {
   const uint8_t* xa = xu + rt0 * 16 * i64;
   const int8_t* wa = wp + block0 * kbs * 64;
+  const int8_t* wb = wp + (block0 + second) * kbs * 64;
   _tile_zero(0);
   if (NB > 1) _tile_zero(1);
   if (RT > 1) _tile_zero(2);
   if (RT > 1 && NB > 1) _tile_zero(3);
   for (int64_t k = 0; k < kbs / 16; ++k) {
-    // The next pair of channel blocks into L2 while this one computes, a share per step: tile loads from
-    // memory wait on each cache miss (the hardware prefetcher does not cover them).
-    for (int64_t l = first_line + k * lines_per_step, e = std::min(l + lines_per_step, next_lines); l < e; ++l)
-      _mm_prefetch(reinterpret_cast<const char*>(next + l * 64), _MM_HINT_T1);
+    for (int64_t l = first_line + k * lines_per_step, e = std::min(l + lines_per_step, 2 * kbs); l < e; ++l)
+      if (next[l / kbs]) _mm_prefetch(reinterpret_cast<const char*>(next[l / kbs] + (l % kbs) * 64), _MM_HINT_T1);
     _tile_loadd(4, xa + k * 64, i64);
     _tile_loadd(6, wa + k * 1024, 64);
-    if (NB > 1) _tile_loadd(7, wa + (kbs + k * 16) * 64, 64);
+    if (NB > 1) _tile_loadd(7, wb + k * 1024, 64);
     if (RT > 1) _tile_loadd(5, xa + 16 * i64 + k * 64, i64);
     _tile_dpbusd(0, 4, 6);
     if (NB > 1) _tile_dpbusd(1, 4, 7);
     if (RT > 1) _tile_dpbusd(2, 5, 6);
     if (RT > 1 && NB > 1) _tile_dpbusd(3, 5, 7);
   }
-  alignas(64) int32_t c[16 * 16];
+  alignas(64) int32_t c[16 * 16], d[16 * 16];
+  if (rescale != nullptr && rescale->half > 0) {  // (gate, up) tile pairs: tiles 0 and 1, then 2 and 3
+    // (only ever run with NB == 2: the caller pairs every gate block with its up block)
+    _tile_stored(0, c, 64);
+    _tile_stored(1, d, 64);
+    amx_silu(c, d, rt0 * 16, block0 * 16, second * 16, wsum, rows, *rescale);
+    if (RT > 1) {
+      _tile_stored(2, c, 64);
+      _tile_stored(3, d, 64);
+      amx_silu(c, d, (rt0 + 1) * 16, block0 * 16, second * 16, wsum, rows, *rescale);
+    }
+    return;
+  }
   _tile_stored(0, c, 64);
   amx_epilogue(c, rt0 * 16, block0 * 16, wsum, acc, rows, out, rescale);
   if (NB > 1) {
     _tile_stored(1, c, 64);
-    amx_epilogue(c, rt0 * 16, (block0 + 1) * 16, wsum, acc, rows, out, rescale);
+    amx_epilogue(c, rt0 * 16, (block0 + second) * 16, wsum, acc, rows, out, rescale);
   }
   if (RT > 1) {
     _tile_stored(2, c, 64);
@@ -335,7 +377,7 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void amx_block(
   }
   if (RT > 1 && NB > 1) {
     _tile_stored(3, c, 64);
-    amx_epilogue(c, (rt0 + 1) * 16, (block0 + 1) * 16, wsum, acc, rows, out, rescale);
+    amx_epilogue(c, (rt0 + 1) * 16, (block0 + second) * 16, wsum, acc, rows, out, rescale);
   }
 }
 
@@ -460,29 +502,38 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
       const int8_t* wp = w.data_ptr<int8_t>();
       const int32_t* sp = wsum.data_ptr<int32_t>();
       int32_t* ap = acc.data_ptr<int32_t>();
+      const bool silu = rescale != nullptr && rescale->half > 0;
+      TORCH_CHECK(!silu || (row_tiles > 1 && rescale->half % 16 == 0 && 2 * rescale->half == out),
+                  "silu(gate) * up on tiles: more than 16 rows, gate and up in whole blocks");
       if (row_tiles > 1) {  // a prompt: 2 x 2 tiles, each pair of channel blocks against every row tile
-        const int64_t pairs = (blocks + 1) / 2;
+        // Pairs of neighbouring blocks; for silu(gate) * up, gate block g with up block g + half / 16.
+        const int64_t second = silu ? rescale->half / 16 : 1;
+        const int64_t pairs = silu ? second : (blocks + 1) / 2;
+        auto pair_start = [&](int64_t p) { return silu ? p : 2 * p; };
         at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
           amx_configure();
           const int64_t steps = kbs / 16, row_pairs = (row_tiles + 1) / 2;
+          const int64_t per_step = (2 * kbs + row_pairs * steps - 1) / (row_pairs * steps);
           for (int64_t p = p0; p < p1; ++p) {
-            const int64_t b = 2 * p;
-            const bool two = b + 1 < blocks;
-            // the next pair's weights: min(2, blocks left) blocks of kbs * 64 bytes, contiguous after these
-            const int64_t next_lines = std::max<int64_t>(0, std::min<int64_t>(2, blocks - b - 2)) * kbs;
-            const int64_t per_step = (next_lines + row_pairs * steps - 1) / (row_pairs * steps);
-            const int8_t* next = wp + (b + 2) * kbs * 64;
+            const int64_t b = pair_start(p);
+            const bool two = b + second < blocks;
+            std::array<const int8_t*, 2> next = {nullptr, nullptr};  // the next pair's blocks, where they exist
+            if (p + 1 < pairs) {
+              const int64_t n = pair_start(p + 1);
+              next[0] = wp + n * kbs * 64;
+              if (n + second < blocks) next[1] = wp + (n + second) * kbs * 64;
+            }
             for (int64_t rt = 0; rt < row_tiles; rt += 2) {
               const bool rows2 = rt + 1 < row_tiles;
               const int64_t first = rt / 2 * steps * per_step;
               if (rows2 && two)
-                amx_block<2, 2>(xup, i4, rt, wp, b, kbs, sp, ap, rows, out, rescale, next, next_lines, first, per_step);
+                amx_block<2, 2>(xup, i4, rt, wp, b, second, kbs, sp, ap, rows, out, rescale, next, first, per_step);
               else if (rows2)
-                amx_block<2, 1>(xup, i4, rt, wp, b, kbs, sp, ap, rows, out, rescale, next, next_lines, first, per_step);
+                amx_block<2, 1>(xup, i4, rt, wp, b, second, kbs, sp, ap, rows, out, rescale, next, first, per_step);
               else if (two)
-                amx_block<1, 2>(xup, i4, rt, wp, b, kbs, sp, ap, rows, out, rescale, next, next_lines, first, per_step);
+                amx_block<1, 2>(xup, i4, rt, wp, b, second, kbs, sp, ap, rows, out, rescale, next, first, per_step);
               else
-                amx_block<1, 1>(xup, i4, rt, wp, b, kbs, sp, ap, rows, out, rescale, next, next_lines, first, per_step);
+                amx_block<1, 1>(xup, i4, rt, wp, b, second, kbs, sp, ap, rows, out, rescale, next, first, per_step);
             }
           }
           amx_release();
@@ -637,5 +688,31 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scal
         yp[r * out + o] = v;
       }
   });
+  return y.view(shape);
+}
+
+torch::Tensor silu_mul(torch::Tensor gate_up);
+
+bool silu_on_tiles(const torch::Tensor& x, const torch::Tensor& w, int64_t out, const std::string& path) {
+  const int64_t rows = x.numel() / x.size(-1);
+  return path == "amx" && w.dim() == 4 && rows > 16 && out % 32 == 0 && has_amx();
+}
+
+// silu(gate) * up of a fused [gate | up] int8 projection without a bias: on AMX tiles for more than 16 rows
+// (a prompt) in one pass, the silu applied in the product's epilogue (amx_silu); otherwise int8_linear
+// then silu_mul. The same bits either way.
+torch::Tensor int8_gate_up_silu(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
+                                std::string path) {
+  const int64_t out = wsum.numel(), half = out / 2;
+  if (!silu_on_tiles(x, w, out, path)) return silu_mul(int8_linear(x, w, w_scale, wsum, c10::nullopt, path));
+  auto quantized = quantize_rows(x);
+  check_accumulate(quantized[0], w, wsum);
+  const int64_t rows = quantized[0].size(0);
+  auto y = torch::empty({rows, half}, quantized[1].options());
+  auto ws_c = w_scale.to(torch::kFloat32).contiguous();
+  Rescale rescale{quantized[1].data_ptr<float>(), ws_c.data_ptr<float>(), nullptr, y.data_ptr<float>(), half};
+  accumulate(quantized[0], w, wsum, path, &rescale);
+  auto shape = x.sizes().vec();
+  shape.back() = half;
   return y.view(shape);
 }

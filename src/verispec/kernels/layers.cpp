@@ -19,10 +19,13 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
                           c10::optional<torch::Tensor> bias, std::string path);
+torch::Tensor int8_gate_up_silu(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
+                                std::string path);
 
 namespace {
 
 constexpr int64_t kBf16Rows = 16;  // kernels.MAX_ROWS: the compiled bf16 path's row limit
+constexpr int64_t kInvariantRows = 65;  // kernels.INVARIANT_ROWS: longer passes are prompts
 
 c10::optional<torch::Tensor> maybe(const torch::Tensor& t) {
   return t.defined() ? c10::optional<torch::Tensor>(t) : c10::nullopt;
@@ -44,6 +47,12 @@ struct Projection {
       return at::linear(x, weight, maybe(bias));
     auto out = at::linear(x.to(weight.scalar_type()), weight).to(x.scalar_type());
     return bias.defined() ? out + bias : out;
+  }
+
+  // silu(gate) * up of this [gate | up] product, as kernels.gate_up_silu computes it.
+  torch::Tensor silu_of(const torch::Tensor& x, const std::string& path) const {
+    if (weight.scalar_type() == torch::kInt8 && !bias.defined()) return int8_gate_up_silu(x, weight, scale, sums, path);
+    return silu_mul((*this)(x, path));
   }
 };
 
@@ -74,10 +83,11 @@ class LayerStack {
 
   // hidden [1, T, hidden] fp32 at positions [start, start + T); ``index``/``parts`` name the layers to run
   // and which sub-blocks (bit 0 attention, bit 1 MLP); keys/values: the cache [layers, KV, capacity, D];
-  // cos/signed_sin [T, D]. Returns new hidden states (the input is not modified).
+  // cos/signed_sin [T, D]; a prompt's MLP runs ``mlp_rows`` rows at a time (transformer.MLP_ROWS).
+  // Returns new hidden states (the input is not modified).
   torch::Tensor run(torch::Tensor hidden, std::vector<int64_t> index, std::vector<int64_t> parts, torch::Tensor keys,
                     torch::Tensor values, int64_t start, torch::Tensor cos, torch::Tensor signed_sin,
-                    std::string path) const {
+                    std::string path, int64_t mlp_rows) const {
     TORCH_CHECK(hidden.scalar_type() == torch::kFloat32 && hidden.dim() == 3 && hidden.size(0) == 1, "hidden: [1, T, D]");
     TORCH_CHECK(index.size() == parts.size(), "one parts entry per layer");
     TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == torch::kFloat32 &&
@@ -93,7 +103,11 @@ class LayerStack {
       TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(layers_.size()), "layer index out of range");
       const Layer& L = layers_[i];
       if (parts[n] & 1) h.add_(attention(L, h, keys[i], values[i], start, c, s, path));
-      if (parts[n] & 2) h.add_(L.down(silu_mul(L.gate_up(rms_norm(h, L.mlp_norm, eps_), path)), path));
+      if (parts[n] & 2)
+        for (int64_t b = 0; b < T; b += mlp_rows) {  // each row's MLP is its own: chunks give the same bits
+          auto part = h.narrow(0, b, std::min(mlp_rows, T - b));
+          part.add_(L.down(L.gate_up.silu_of(rms_norm(part, L.mlp_norm, eps_), path), path));
+        }
     }
     return h.view({1, T, width});
   }
@@ -115,7 +129,8 @@ class LayerStack {
     float* kp = keys.data_ptr<float>();
     float* vp = values.data_ptr<float>();
     const float scale = scale_;
-    for (int64_t t = 0; t < T; ++t) {
+    at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
       const float* row = src + t * (H + 2 * KV) * D;
       const float* ct = cp + t * D;
       const float* st = sp + t * D;
@@ -131,8 +146,14 @@ class LayerStack {
         std::copy(x, x + D, vp + (g * capacity + start + t) * D);
       }
     }
-    auto out = causal_attention(q, keys, values, start);  // [T, H * D]
-    return L.o(out, path);
+    });
+    if (T <= kInvariantRows) return L.o(causal_attention(q, keys, values, start), path);  // [T, H * D]
+    // A prompt: torch's fused attention, called as kernels.causal_attention calls it.
+    auto k = keys.narrow(1, 0, start + T).unsqueeze(0), v = values.narrow(1, 0, start + T).unsqueeze(0);
+    c10::optional<torch::Tensor> mask;
+    if (start > 0) mask = torch::ones({T, start + T}, h.options().dtype(torch::kBool)).tril(start);
+    auto out = at::scaled_dot_product_attention(q.unsqueeze(0), k, v, mask, 0.0, start == 0, 1.0, KV != H);
+    return L.o(out[0].transpose(0, 1).reshape({T, H * D}), path);
   }
 
   std::vector<Layer> layers_;

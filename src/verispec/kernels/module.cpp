@@ -10,6 +10,9 @@ std::vector<std::string> int8_paths();
 torch::Tensor int8_accumulate(torch::Tensor q, torch::Tensor w, torch::Tensor wsum, std::string path);
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
                           c10::optional<torch::Tensor> bias, std::string path);
+torch::Tensor int8_gate_up_silu(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
+                                std::string path);
+bool silu_on_tiles(const torch::Tensor& x, const torch::Tensor& w, int64_t out, const std::string& path);
 void register_layer_stack(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -21,5 +24,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_paths", &int8_paths, "the int8 accumulation paths this CPU can run");
   m.def("int8_accumulate", &int8_accumulate, "int32 accumulators of int8 rows against int8 weights");
   m.def("int8_linear", &int8_linear, "int8-weight, int8-activation linear with fp32 rescale");
+  m.def("int8_gate_up_silu", &int8_gate_up_silu, "silu(gate) * up of a fused int8 [gate | up] projection");
+  m.def("int8_silu_on_tiles", &silu_on_tiles, "whether int8_gate_up_silu applies the silu on AMX tiles");
   register_layer_stack(m);  // LayerStack: a pass through decoder layers in one call
 }

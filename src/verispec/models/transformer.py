@@ -129,7 +129,7 @@ class DecoderLayer(nn.Module):
         T = x.shape[1]
         if T > MLP_ROWS:  # a prompt: in chunks of rows (each row's MLP is its own)
             return torch.cat([self.mlp(x[:, b:b + MLP_ROWS], proj) for b in range(0, T, MLP_ROWS)], dim=1)
-        return proj.down(kernels.silu_mul(proj.gate_up(self.mlp_norm(x))))  # [1, T, 2 I] -> [1, T, I] -> hidden
+        return proj.down(kernels.gate_up_silu(proj.gate_up, self.mlp_norm(x)))  # [1, T, I] -> hidden
 
 
 class Transformer(nn.Module):
@@ -219,11 +219,11 @@ class Transformer(nn.Module):
         T = hidden.shape[1]  # hidden: [1, T, hidden]
         cache.check_room(start + T)
         rope = self._rope(start, start + T)
-        stack = self._stack(projections) if T <= kernels.INVARIANT_ROWS else None
+        stack = self._stack(projections)
         if stack is not None:  # the same arithmetic in one compiled call (kernels/layers.cpp)
             steps = list(steps)
             return stack.run(hidden, [s.index for s in steps], [s.attention | s.mlp << 1 for s in steps],
-                             cache.keys, cache.values, start, rope[0], rope[1], kernels.int8_path(T))
+                             cache.keys, cache.values, start, rope[0], rope[1], kernels.int8_path(T), MLP_ROWS)
         for step in steps:
             layer = self.layers[step.index]
             proj = layer if projections is None else projections[step.index]
