@@ -37,9 +37,13 @@ def _curve(verify_per_row: float = 0.02, draft_per_token: float = 0.2) -> CostCu
                      draft=[draft_per_token * k for k in range(K_MAX + 1)])
 
 
-def _controller(curve: CostCurve, mode: str = "both") -> AutoK:
+def _controller(curve: CostCurve, mode: str = "both", warm: bool = True) -> AutoK:
+    """A controller on ``curve``; ``warm``: past its start-of-run warm-up (tests that feed acceptance
+    straight into its estimates)."""
     auto = AutoK(mode)
     auto.curve = curve
+    if warm:
+        auto.judged = adaptive.WARMUP_JUDGED
     return auto
 
 
@@ -171,6 +175,32 @@ def test_after_a_dip_in_a_run_where_speculation_pays_probes_come_back_sooner(mon
     # negative control: with the share used while speculation does not pay, nothing probes; speculation
     # returns only once the forgetting has pulled the dip's estimates back toward the pooled rate (20 steps)
     assert plain_steps_before_a_probe(adaptive.PROBE_SHARE) >= 2 * adaptive.PROBE_FIRST
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_run_starts_by_speculating_until_it_has_evidence(kept, monkeypatch):
+    """A draft costing 0.45 of a step: at the prior (acceptance 1/2) plain decoding looks as good as any
+    K. The run speculates anyway until WARMUP_JUDGED candidates were judged or the warm-up cost
+    WARMUP_SHARE of the run's plain decoding, then follows the evidence: a draft that is mostly kept
+    keeps speculating, one that is rejected goes plain. Negative control: without the warm-up the good
+    draft is never tried in the first 30 steps (one rejection in the first step did that to a real run)."""
+    def run(warmup: int) -> tuple[list[int], int]:
+        monkeypatch.setattr(adaptive, "WARMUP_JUDGED", warmup)
+        auto = _controller(_curve(draft_per_token=0.45, verify_per_row=0.05), warm=False)
+        ks = []
+        for step in range(60):
+            k = auto.choose(budget=128 - step)
+            ks.append(k)
+            accepted = (k if kept else 0) if step % 5 else 0  # every fifth step a rejection at once
+            auto.observe(k, k, accepted, accepted + 1, 0.45 * k, 1.0 + 0.05 * k, 0.0)
+        return ks, auto.warmup_steps
+    ks, warmup = run(8)
+    assert all(k > 0 for k in ks[:warmup])
+    if kept:  # two kept of three judged: the evidence says speculate, and it does from then on
+        assert 1 <= warmup <= 3 and sum(k > 0 for k in ks) >= 55
+        assert all(k == 0 for k in run(0)[0][:30])
+    else:  # 1.5% of 128 plain steps (1.92) at 0.5 of a step extra each: 3 steps, then plain
+        assert warmup == 3 and all(k == 0 for k in ks[3:9]) and sum(k > 0 for k in ks) < 8
 
 
 def test_a_short_proposal_ends_the_chain():
