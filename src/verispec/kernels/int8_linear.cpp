@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <array>
+#include <atomic>
 #include <limits>
 #include <utility>
 
@@ -464,6 +465,21 @@ bool has_avx2() {
   return yes;
 }
 
+// Work items [0, n) handed out ``chunk`` at a time to whichever thread asks next, each thread calling
+// setup() first and teardown() last (the AMX tile state is per thread). On a shared machine one core is
+// often slower than the other; with a static split the faster one waited (OpenMP's barrier spin was 8%
+// of a prompt's time). Which thread computes a block changes no bits.
+template <class Setup, class Fn, class Teardown>
+void dynamic_for(int64_t n, int64_t chunk, Setup setup, Fn fn, Teardown teardown) {
+  std::atomic<int64_t> next{0};
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (n + chunk - 1) / chunk));
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    setup();
+    for (int64_t b; (b = next.fetch_add(chunk)) < n;) fn(b, std::min(n, b + chunk));
+    teardown();
+  });
+}
+
 // The activations as vpdpbusd / AMX read them: q + 128 as unsigned bytes, in a [padded_rows, width]
 // buffer whose padding (rows past q's, columns past its width) holds 128, a zero activation.
 torch::Tensor shifted_activations(const torch::Tensor& q, int64_t padded_rows, int64_t width) {
@@ -475,7 +491,13 @@ torch::Tensor shifted_activations(const torch::Tensor& q, int64_t padded_rows, i
     for (int64_t r = r0; r < r1; ++r) {
       uint8_t* row = xup + r * width;
       const int64_t n = r < rows ? in : 0;
-      for (int64_t i = 0; i < n; ++i) row[i] = qp[r * in + i] ^ 0x80;
+      const uint8_t* src = qp + r * in;
+      int64_t i = 0;
+      const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+      for (; i + 32 <= n; i += 32)  // (the compiler left the byte loop scalar: 6% of a prompt's time)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + i),
+                            _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)), flip));
+      for (; i < n; ++i) row[i] = src[i] ^ 0x80;
       std::fill(row + n, row + width, uint8_t{128});
     }
   });
@@ -510,10 +532,9 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
         const int64_t second = silu ? rescale->half / 16 : 1;
         const int64_t pairs = silu ? second : (blocks + 1) / 2;
         auto pair_start = [&](int64_t p) { return silu ? p : 2 * p; };
-        at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
-          amx_configure();
-          const int64_t steps = kbs / 16, row_pairs = (row_tiles + 1) / 2;
-          const int64_t per_step = (2 * kbs + row_pairs * steps - 1) / (row_pairs * steps);
+        const int64_t steps = kbs / 16, row_pairs = (row_tiles + 1) / 2;
+        const int64_t per_step = (2 * kbs + row_pairs * steps - 1) / (row_pairs * steps);
+        dynamic_for(pairs, 4, amx_configure, [&](int64_t p0, int64_t p1) {
           for (int64_t p = p0; p < p1; ++p) {
             const int64_t b = pair_start(p);
             const bool two = b + second < blocks;
@@ -536,13 +557,11 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
                 amx_block<1, 1>(xup, i4, rt, wp, b, second, kbs, sp, ap, rows, out, rescale, next, first, per_step);
             }
           }
-          amx_release();
-        });
+        }, amx_release);
         return acc;
       }
       const int64_t groups = (blocks + 3) / 4;
-      at::parallel_for(0, groups, 4, [&](int64_t g0, int64_t g1) {
-        amx_configure();  // tile state is per thread
+      dynamic_for(groups, 2, amx_configure, [&](int64_t g0, int64_t g1) {
         for (int64_t g = g0; g < g1; ++g) {
           const int64_t b = g * 4;
           if (b + 4 <= blocks) amx_group<4>(xup, i4, row_tiles, wp, b, kbs, sp, ap, rows, out, rescale);
@@ -550,8 +569,7 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
             for (int64_t bb = b; bb < blocks; ++bb)
               amx_group<1>(xup, i4, row_tiles, wp, bb, kbs, sp, ap, rows, out, rescale);
         }
-        amx_release();
-      });
+      }, amx_release);
       return acc;
     }
     TORCH_CHECK(path == "vnni" && has_vnni(), "packed int8 weights need the AVX-512 VNNI or AMX path");
