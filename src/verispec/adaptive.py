@@ -451,7 +451,11 @@ class AutoK:
         """Predicted committed tokens per second for K = 0..min(K_MAX, budget), for a step whose drafter
         proposes (a step asking for candidates and getting none is a plain step: K = 0's rate)."""
         self._alphas = self.acceptance.alphas()
-        return [tokens / self.cost(k) for k, tokens in enumerate(chain_tokens(self._alphas, min(K_MAX, budget)))]
+        return self._rates(self._alphas, budget)
+
+    def _rates(self, alphas: list[float], budget: int) -> list[float]:
+        """Tokens per second for K = 0..min(K_MAX, budget) with per-position acceptance ``alphas``."""
+        return [tokens / self.cost(k) for k, tokens in enumerate(chain_tokens(alphas, min(K_MAX, budget)))]
 
     def choose(self, budget: int) -> int:
         """K for the next step (``budget``: candidates the run can still use)."""
@@ -494,8 +498,7 @@ class AutoK:
         """Whether the run's pooled acceptance (~200 steps) says some K beats plain decoding. Then a
         stretch run plain is more likely a dip than the text's nature, and probes come back sooner: a
         0.5B draft for a 1.5B target (0.36 of a step) otherwise waited ~37 plain steps after every dip."""
-        pooled = [self.acceptance.pooled] * min(K_MAX, budget)
-        rates = [tokens / self.cost(k) for k, tokens in enumerate(chain_tokens(pooled, len(pooled)))]
+        rates = self._rates([self.acceptance.pooled] * K_MAX, budget)
         return max(rates[1:]) > rates[0] * (1 + MARGIN)
 
     @property

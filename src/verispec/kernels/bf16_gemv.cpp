@@ -83,12 +83,8 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w) {
 __attribute__((target("avx512f"))) inline int64_t silu_mul_16(const float* gate, const float* up, float* out,
                                                                int64_t n) {
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m512 a = _mm512_loadu_ps(gate + i);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));
-    const __m512 s = _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(s, _mm512_loadu_ps(up + i)));
-  }
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, silu_times16(_mm512_loadu_ps(gate + i), _mm512_loadu_ps(up + i)));
   return i;
 }
 

@@ -234,6 +234,14 @@ struct Rescale {
   int64_t half = 0;      // > 0: y = silu(gate) * up of a [gate | up] product, gate's width half (see amx_silu)
 };
 
+// One row of a stored C tile as int8_linear's loop computes it, lane by lane: (float(sums - 128 * sum(w))
+// * x_scale) * w_scale, with ``shift`` = 128 * sum(w) for the tile's 16 channels.
+__attribute__((target("avx512f"))) inline __m512 rescaled(const int32_t* c_row, __m512i shift, float x_scale,
+                                                          __m512 w_scale) {
+  const __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(c_row), shift));
+  return _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(x_scale)), w_scale);
+}
+
 // Subtract 128 * sum(w) from a stored C tile c [16 rows][16 channels] (the activations went in as q + 128)
 // and write rows row0 .. row0 + 15 (those below ``rows``) of channels o0 .. o0 + 15: int32 sums to acc,
 // or, given a rescale, (float(acc) * x_scale) * w_scale (+ bias) in fp32 to rescale->y — int8_linear's
@@ -253,8 +261,7 @@ __attribute__((target("avx512f,avx512bw"))) inline void amx_epilogue(
   const __m512 wb = rescale->bias ? _mm512_maskz_loadu_ps(valid, rescale->bias + o0) : _mm512_setzero_ps();
   for (int64_t r = 0; r < last; ++r) {
     const int64_t row = row0 + r;
-    __m512 v = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(c + r * 16), bias));
-    v = _mm512_mul_ps(_mm512_mul_ps(v, _mm512_set1_ps(rescale->x_scale[row])), ws);
+    __m512 v = rescaled(c + r * 16, bias, rescale->x_scale[row], ws);
     if (rescale->bias) v = _mm512_add_ps(v, wb);
     _mm512_mask_storeu_ps(rescale->y + row * out + o0, valid, v);
   }
@@ -262,8 +269,8 @@ __attribute__((target("avx512f,avx512bw"))) inline void amx_epilogue(
 
 // silu(gate) * up from a gate tile c and the matching up tile d (channels o0 and o0 + up_offset of a
 // [gate | up] product; rows row0 .. row0 + 15 below ``rows``): each value rescaled as amx_epilogue does,
-// then silu_mul's operations (bf16_gemv.cpp, silu_mul_16) lane by lane, so the bits are those of
-// int8_linear followed by silu_mul, without the [rows, 2 * half] product written and read back.
+// then silu_mul's operations (silu_times16) lane by lane, so the bits are those of int8_linear followed
+// by silu_mul, without the [rows, 2 * half] product written and read back.
 __attribute__((target("avx512f,avx512bw"))) inline void amx_silu(
     const int32_t* c, const int32_t* d, int64_t row0, int64_t o0, int64_t up_offset, const int32_t* wsum,
     int64_t rows, const Rescale& rescale) {
@@ -274,12 +281,9 @@ __attribute__((target("avx512f,avx512bw"))) inline void amx_silu(
   const __m512 ws_g = _mm512_loadu_ps(rescale.w_scale + o0), ws_u = _mm512_loadu_ps(rescale.w_scale + o0 + up_offset);
   for (int64_t r = 0; r < last; ++r) {
     const int64_t row = row0 + r;
-    const __m512 xs = _mm512_set1_ps(rescale.x_scale[row]);
-    const __m512 a = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(c + r * 16), bias_g)), xs), ws_g);
-    const __m512 u = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(d + r * 16), bias_u)), xs), ws_u);
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));
-    const __m512 s = _mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-    _mm512_storeu_ps(rescale.y + row * rescale.half + o0, _mm512_mul_ps(s, u));
+    const float xs = rescale.x_scale[row];
+    _mm512_storeu_ps(rescale.y + row * rescale.half + o0,
+                     silu_times16(rescaled(c + r * 16, bias_g, xs, ws_g), rescaled(d + r * 16, bias_u, xs, ws_u)));
   }
 }
 
@@ -670,13 +674,15 @@ torch::Tensor int8_accumulate(torch::Tensor q, torch::Tensor w, torch::Tensor ws
 }
 
 // The whole product: quantize the rows, accumulate on ``path``, y = (acc * x_scale) * w_scale (+ bias),
-// the same fp32 operations in the same order as the torch fallback in kernels/__init__.py.
-torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
-                          c10::optional<torch::Tensor> bias, std::string path) {
-  const int64_t out = wsum.numel();
+// the same fp32 operations in the same order as the torch fallback in kernels/__init__.py. With ``half``
+// > 0 (AMX tiles only, no bias: see silu_on_tiles) y = silu(gate) * up of the [gate | up] product instead.
+torch::Tensor int8_product(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& w_scale,
+                           const torch::Tensor& wsum, const c10::optional<torch::Tensor>& bias,
+                           const std::string& path, int64_t half) {
+  const int64_t out = wsum.numel(), width = half > 0 ? half : out;
   auto quantized = quantize_rows(x);
   const int64_t rows = quantized[0].size(0);
-  auto y = torch::empty({rows, out}, quantized[1].options());
+  auto y = torch::empty({rows, width}, quantized[1].options());
   const float* xs = quantized[1].data_ptr<float>();
   auto ws_c = w_scale.to(torch::kFloat32).contiguous();
   const float* ws = ws_c.data_ptr<float>();
@@ -688,13 +694,14 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scal
   }
   float* yp = y.data_ptr<float>();
   auto shape = x.sizes().vec();
-  shape.back() = out;
+  shape.back() = width;
   if (path == "amx" && w.dim() == 4) {  // AMX: the epilogue rescales (the loop below, lane by lane)
-    const Rescale rescale{xs, ws, bp, yp};
+    const Rescale rescale{xs, ws, bp, yp, half};
     check_accumulate(quantized[0], w, wsum);
     accumulate(quantized[0], w, wsum, path, &rescale);
     return y.view(shape);
   }
+  TORCH_CHECK(half == 0, "silu(gate) * up in the product's epilogue needs AMX tiles");
   auto acc = int8_accumulate(quantized[0], w, wsum, path).contiguous();
   const int32_t* ap = acc.data_ptr<int32_t>();
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
@@ -709,6 +716,11 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scal
   return y.view(shape);
 }
 
+torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
+                          c10::optional<torch::Tensor> bias, std::string path) {
+  return int8_product(x, w, w_scale, wsum, bias, path, 0);
+}
+
 torch::Tensor silu_mul(torch::Tensor gate_up);
 
 bool silu_on_tiles(const torch::Tensor& x, const torch::Tensor& w, int64_t out, const std::string& path) {
@@ -721,16 +733,7 @@ bool silu_on_tiles(const torch::Tensor& x, const torch::Tensor& w, int64_t out, 
 // then silu_mul. The same bits either way.
 torch::Tensor int8_gate_up_silu(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
                                 std::string path) {
-  const int64_t out = wsum.numel(), half = out / 2;
+  const int64_t out = wsum.numel();
   if (!silu_on_tiles(x, w, out, path)) return silu_mul(int8_linear(x, w, w_scale, wsum, c10::nullopt, path));
-  auto quantized = quantize_rows(x);
-  check_accumulate(quantized[0], w, wsum);
-  const int64_t rows = quantized[0].size(0);
-  auto y = torch::empty({rows, half}, quantized[1].options());
-  auto ws_c = w_scale.to(torch::kFloat32).contiguous();
-  Rescale rescale{quantized[1].data_ptr<float>(), ws_c.data_ptr<float>(), nullptr, y.data_ptr<float>(), half};
-  accumulate(quantized[0], w, wsum, path, &rescale);
-  auto shape = x.sizes().vec();
-  shape.back() = half;
-  return y.view(shape);
+  return int8_product(x, w, w_scale, wsum, c10::nullopt, path, out / 2);
 }

@@ -50,3 +50,10 @@ __attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x) {
   y = _mm512_mask_blend_ps(under, y, _mm512_setzero_ps());
   return _mm512_mask_blend_ps(nan, y, x);
 }
+
+// silu(a) * u = a / (1 + e^-a) * u on 16 lanes: silu_mul's AVX-512 loop and the AMX epilogue that applies
+// it as a prompt's gate/up sums leave the tiles both call this, so they give the same bits.
+__attribute__((target("avx512f"))) static inline __m512 silu_times16(__m512 a, __m512 u) {
+  const __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), a));
+  return _mm512_mul_ps(_mm512_div_ps(a, _mm512_add_ps(_mm512_set1_ps(1.f), e)), u);
+}
