@@ -247,6 +247,78 @@ def test_the_draft_side_stop_learns_which_confidences_fail():
     assert not _controller(_curve(), "cost").wants_confidence
 
 
+def test_with_the_stop_a_confident_draft_runs_past_the_best_fixed_k():
+    """Once the drafter reports its confidence, a speculative step asks for up to K_MAX candidates and
+    the draft-side stop sets the length, priced at the best fixed K's rate: confident tokens run past
+    that K, a doubtful one ends the proposal. Control: a drafter that never reports confidence (prompt
+    lookup) gets the best fixed K itself."""
+    curve = _curve(draft_per_token=0.3)
+    for first_confidence, expect_stop_steps in ((None, False), (0.99, True)):
+        auto = _controller(curve)
+        for _ in range(20):  # confident candidates always kept, a doubtful one always rejected
+            auto.acceptance.observe(K_MAX, K_MAX, confidence=[0.97] * K_MAX)
+            auto.acceptance.observe(2, 1, confidence=[0.97, 0.2])
+            auto.acceptance.observe(3, 2, confidence=[0.97, 0.97, 0.2])
+        best = max(range(1, K_MAX + 1), key=auto.rates(100).__getitem__)
+        k = auto.choose(budget=100)
+        assert k == best and best < K_MAX  # nothing seen yet: the best fixed K
+        if first_confidence is not None:
+            auto.keep_drafting(first_confidence)
+        auto.observe(k, 1, 1, 2, 0.3, 1.0, 0.0)
+        k = auto.choose(budget=100)
+        assert (k == K_MAX) is expect_stop_steps, (k, best)
+        if expect_stop_steps:
+            assert all(auto.keep_drafting(0.97) for _ in range(best + 1))  # past the best fixed K
+            assert not auto.keep_drafting(0.2)
+
+
+def test_a_step_the_stop_cut_is_predicted_from_its_drafted_confidences():
+    """The prediction of a step whose length the stop chose is made from the proposal as drafted: 1 +
+    sum of the running products of the acceptance by each candidate's confidence, priced at the rows it
+    holds (not at K_MAX's)."""
+    curve = _curve(draft_per_token=0.3)
+    auto = _controller(curve)
+    for _ in range(40):
+        auto.acceptance.observe(3, 2, confidence=[0.95, 0.95, 0.15])
+    auto.choose(budget=100)
+    auto.keep_drafting(0.95)
+    auto.observe(1, 1, 1, 2, 0.3, 1.0, 0.0)
+    assert auto.choose(budget=100) == K_MAX
+    drafted = []
+    for c in [0.95, 0.95, 0.15, 0.95]:
+        drafted.append(c)
+        if not auto.keep_drafting(c):
+            break
+    proposed = len(drafted)
+    assert 2 <= proposed < K_MAX
+    expected, reach = 1.0, 1.0
+    for c in drafted:
+        reach *= auto.acceptance.by_confidence(c)
+        expected += reach
+    assert auto.acceptance.by_confidence(0.95) > 0.9 and auto.acceptance.by_confidence(0.15) < 0.2
+    auto.observe(K_MAX, proposed, 2, 3, curve.draft[proposed], curve.verify[proposed], 0.0)
+    tokens, seconds = auto._prediction
+    assert tokens == pytest.approx(expected)
+    assert seconds == pytest.approx(curve.draft[proposed] * auto.draft_scale
+                                    + curve.verify[proposed] * auto.verify_scale, rel=0.2)
+    assert seconds < auto.cost(K_MAX) * 0.8
+
+
+def test_the_draft_curve_is_a_line_one_slow_point_does_not_bend():
+    """A proposal costs a fixed part plus one draft step per candidate; the measured points are fitted
+    as that line robustly, so one slow measurement (K = 4 here) changes neither the slope the stop
+    prices further candidates by nor any other point. Control: a least-squares line leans toward it."""
+    line = [0.0] + [10.0 + 20.0 * k for k in range(1, K_MAX + 1)]
+    measured = list(line)
+    measured[4] += 40.0
+    fitted = adaptive.draft_line(measured)
+    assert fitted == pytest.approx(line)
+    ks = range(1, K_MAX + 1)
+    mean_k, mean_d = sum(ks) / len(ks), sum(measured[k] for k in ks) / len(ks)
+    slope = sum((k - mean_k) * (measured[k] - mean_d) for k in ks) / sum((k - mean_k) ** 2 for k in ks)
+    assert abs(slope - 20.0) > 0.5 or abs(mean_d - slope * mean_k - 10.0) > 2.0
+
+
 # ---------------------------------------------------------------- exactness with K changing per step
 
 class RedrawsTheCutDraft(verispec.DraftModel):
@@ -413,3 +485,41 @@ def test_cli_takes_k_auto_and_refuses_nonsense(tiny_chat_pair):
     assert stats["k"] == "auto" and stats["cost_curve"] and stats["predicted_speedup"]
     bad = runner.invoke(main, ["generate", "x", "--model", folder, "--layer-skip", "1", "-k", "many"])
     assert bad.exit_code != 0 and "positive integer or 'auto'" in bad.output and "Traceback" not in bad.output
+
+
+# ---------------------------------------------------------------- the replay benchmark
+
+def _replay_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "auto_k_replay.py"
+    spec = importlib.util.spec_from_file_location("auto_k_replay", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("make", [lambda d: verispec.DraftModel(d, k=2), lambda d: verispec.PromptLookup(2, k=2)])
+def test_replay_takes_the_steps_a_real_greedy_run_takes(make):
+    """benchmarks/auto_k_replay.py prices policies on a recording of the drafter's proposals; a fixed K
+    replayed must commit exactly what a real run commits, step by step, or its modelled times mean
+    nothing. Control: proposals recorded one position late (the misalignment the recording could
+    have) no longer reproduce the run."""
+    replay = _replay_module()
+    target = tiny_model(vocab=16, seed=0, layers=3)
+    draft = tiny_model(vocab=16, seed=1, layers=1)
+    prompt = [3, 3, 3, 3, 2, 3, 3]
+    curve: list = []
+    rec = replay.record_prompt(target, make(draft), prompt, 40, curve)
+    assert rec["output"] == verispec.generate(target, input_ids=prompt, max_new_tokens=40).token_ids
+    for k in (1, 2, 3, 5):
+        drafter = make(draft)
+        drafter.k = k
+        stats = verispec.generate(target, input_ids=prompt, max_new_tokens=40, drafter=drafter).stats
+        modelled = replay.replay(rec, curve[0], k)
+        assert sum(modelled["k_histogram"].values()) == stats.decode_steps
+        assert modelled["accepted"] == stats.accepted_tokens
+    late = dict(rec, proposals=rec["proposals"][1:] + [[]])
+    stats = verispec.generate(target, input_ids=prompt, max_new_tokens=40, drafter=make(draft)).stats
+    assert replay.replay(late, curve[0], 2)["accepted"] != stats.accepted_tokens

@@ -36,14 +36,26 @@ where fixed K = 2 ran 1.24x faster than plain decoding.
 Draft-side stop (drafters with a distribution): after each drafted token the drafter asks whether to
 go on. The controller keeps the acceptance rate of drafted tokens by the draft's confidence (the
 probability of the token it chose, in ten bins) and stops when the expected gain of one more candidate,
-P(every candidate so far accepted) x alpha_next, falls below its cost in tokens at the current rate:
-(draft step + one more verified row) x tokens per second. The confidence threshold is therefore
-learned online from the measured costs and acceptance, not fixed.
+P(every candidate so far accepted) x alpha_next, falls below its cost in tokens at the best fixed K's
+rate: (draft step + one more verified row) x tokens per second. The confidence threshold is therefore
+learned online from the measured costs and acceptance, not fixed. Once a drafter has reported its
+confidence, a speculative step asks for up to K_MAX candidates and the stop sets the length: confident
+stretches run past the best fixed K and a doubtful token ends the proposal (replayed on 28 recorded
+prompts of the 0.5B -> 1.5B pair, ``benchmarks/auto_k_replay.py``: modelled 1.41x against the best fixed
+K's 1.38x; the cost model's K alone, cut by the stop, 1.35x). Whether to speculate at all then compares
+plain decoding with the better of the best fixed K's predicted rate and what the stop's steps achieved
+lately; a stop step's prediction is made from the proposal as drafted (the acceptance by each
+candidate's confidence), priced at the rows it holds.
+
+The draft curve is fitted as a line (a fixed part plus one draft step per candidate, ``draft_line``):
+the stop prices each further candidate by the difference of neighbouring points, which one noisy
+measurement would make wrong.
 
 Exactness is untouched: K may change from step to step, the acceptance rule does not.
 
-Modes (``k="auto"`` is "auto:both"): "auto:cost" (the cost model alone), "auto:confidence" (K_MAX
-candidates, cut by the draft-side stop; never switches speculation off), "auto:both".
+Modes (``k="auto"`` is "auto:both"): "auto:cost" (the cost model alone: K is the best fixed K's),
+"auto:confidence" (K_MAX candidates, cut by the draft-side stop; never switches speculation off),
+"auto:both" (the cost model decides whether to speculate, the stop how far).
 """
 
 from __future__ import annotations
@@ -54,6 +66,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -82,7 +95,8 @@ DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
 BINS = 10  # draft-confidence bins
-CACHE_VERSION = 2  # 2: curves carry the attention cost per cached position
+BIN_DECAY = 0.95  # per-step forgetting of the acceptance by draft confidence
+CACHE_VERSION = 3  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line
 
 
 def parse_k(value: Any, what: str = "k (candidate length)") -> int | str:
@@ -259,7 +273,7 @@ def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
                 model.forward(torch.tensor([last] * m), cache, n - 1)
                 verify[m - 1] = min(verify[m - 1], time.perf_counter() - t0)
                 cache.rollback(n - 1)
-    return CostCurve(_fill(verify), _fill(draft), context=n - 1, attention=attention_seconds(model))
+    return CostCurve(_fill(verify), draft_line(_fill(draft)), context=n - 1, attention=attention_seconds(model))
 
 
 def attention_seconds(model: Any, rows: int = 4, short: int = 64, long: int = 1024) -> float:
@@ -305,6 +319,24 @@ def _fill(values: list[float]) -> list[float]:
     return out
 
 
+def draft_line(draft: list[float]) -> list[float]:
+    """The draft costs for K = 1..K_MAX as a line a + b K (draft[0] stays 0), fitted robustly: b the
+    median of the slopes between every two points, a the median of what remains (a, b >= 0).
+
+    A proposal of K candidates costs a fixed part (a draft model's catch-up pass, a lookup) plus one
+    draft step per candidate, so the curve is a line; single points of it are noisy on a shared machine
+    (one measurement put K = 4 at 95 ms between 60 at K = 3 and 112 at K = 5), and the draft-side stop
+    prices each further candidate by the difference of neighbouring points, which one noisy point makes
+    wrong. A median ignores a few such points where a least-squares line would lean towards them.
+    """
+    ks = [k for k in range(1, len(draft)) if math.isfinite(draft[k])]
+    if len(ks) < 2:
+        return list(draft)
+    slope = max(0.0, statistics.median((draft[j] - draft[i]) / (j - i) for i in ks for j in ks if j > i))
+    base = max(0.0, statistics.median(draft[k] - slope * k for k in ks))
+    return [0.0] + [base + slope * k for k in range(1, len(draft))]
+
+
 # ------------------------------------------------------------------------------------------ acceptance
 
 class Acceptance:
@@ -326,8 +358,8 @@ class Acceptance:
     def observe(self, proposed: int, accepted: int, confidence: list[float] | None = None) -> None:
         """One step: ``proposed`` candidates, the first ``accepted`` kept. Positions 0..accepted were
         judged (the last of them rejected unless all were kept); later ones were not."""
-        for values, decay in ((self.judged, DECAY), (self.kept, DECAY), (self.bin_judged, DECAY),
-                              (self.bin_kept, DECAY)):
+        for values, decay in ((self.judged, DECAY), (self.kept, DECAY), (self.bin_judged, BIN_DECAY),
+                              (self.bin_kept, BIN_DECAY)):
             values[:] = [decay * v for v in values]
         self.pooled_judged *= POOLED_DECAY
         self.pooled_kept *= POOLED_DECAY
@@ -416,6 +448,9 @@ class AutoK:
         self._reach = 1.0
         self._confidence: list[float] = []
         self._stopped = False  # the draft-side stop ended this proposal
+        self._confidence_seen = False  # the drafter reports its confidence (the stop can work)
+        self._stop_step = False  # the current step's length is the draft-side stop's
+        self._stop_tokens = self._stop_seconds = 0.0  # such steps' predicted tokens and seconds, decayed
         self._alphas = self.acceptance.alphas()
 
     def start(self, model: Any, drafter: Any, context: Any) -> None:
@@ -467,11 +502,15 @@ class AutoK:
             return 0
         rates = self.rates(budget)
         best = max(range(1, len(rates)), key=rates.__getitem__)
+        # With the draft-side stop the proposal's length follows the draft's confidence, up to K_MAX: what
+        # speculating achieves is then what such steps have achieved lately, when that beats the best K.
+        stops = self.mode != "cost" and self._confidence_seen
+        spec_rate = max(rates[best], self.stop_rate) if stops else rates[best]
         if self._warmup_budget is None:  # the first step: the run's plain decoding is ``budget`` steps
             self._warmup_budget = WARMUP_SHARE * budget * self.cost(0)
         if self.mode == "confidence":
-            k = len(rates) - 1
-        elif rates[best] > rates[0] * (1 + MARGIN):
+            k = best
+        elif spec_rate > rates[0] * (1 + MARGIN):
             k = best
         elif self.judged < WARMUP_JUDGED and self.cost(best) - self.cost(0) <= self._warmup_budget:
             k = best  # still learning what this drafter achieves on this text
@@ -482,11 +521,21 @@ class AutoK:
             self.probes += 1
         else:
             k = 0
-        self._rate = rates[k]
+        # The stop's yardstick: one more candidate must add more tokens than its seconds buy at this rate.
+        self._rate = rates[k] if k == 0 else rates[best]
         m = self.proposes if k else 1.0  # without a proposal the step is a plain one
         self._prediction = (m * rates[k] * self.cost(k) + (1 - m), m * self.cost(k) + (1 - m) * self.cost(0))
+        self._stop_step = bool(k) and (self.mode == "confidence" or stops)
+        if self._stop_step:
+            k = len(rates) - 1  # the draft-side stop chooses the length (its prediction: see observe)
         self._reach, self._confidence, self._stopped = 1.0, [], False
         return k
+
+    @property
+    def stop_rate(self) -> float:
+        """Committed tokens per second that steps whose length the draft-side stop chose are predicted
+        to achieve (decayed like the acceptance counts; 0 before any)."""
+        return self._stop_tokens / self._stop_seconds if self._stop_seconds > 0 else 0.0
 
     def _probe_wait(self, k: int, paying: bool = False) -> float:
         """Plain steps between probes so that probing with k candidates costs at most PROBE_SHARE of
@@ -509,6 +558,7 @@ class AutoK:
         """The draft-side stop, asked after each drafted token with the draft's probability of it:
         go on while one more candidate is expected to add more tokens than its cost takes away."""
         self._confidence.append(confidence)
+        self._confidence_seen = True
         k = len(self._confidence)
         if k >= K_MAX:
             return True
@@ -530,6 +580,18 @@ class AutoK:
         # ran out; a drafter with nothing to propose): that position counts as a rejection, unless the
         # draft-side stop chose to end it.
         chain_ended = accepted == proposed < asked and not self._stopped
+        if self._stop_step and proposed:
+            # The stop chose the length: predict the step from the proposal as drafted (the acceptance by
+            # each candidate's confidence, as the estimates stood), and price it at what it holds.
+            reach, tokens = 1.0, 1.0
+            for confidence in self._confidence[:proposed]:
+                reach *= self.acceptance.by_confidence(confidence)
+                tokens += reach
+            seconds = (curve.draft[proposed] * self.draft_scale
+                       + curve.verify_at(proposed + 1, self._step_context) * self.verify_scale + curve.overhead)
+            self._prediction = (tokens, seconds)
+            self._stop_tokens = DECAY * self._stop_tokens + committed
+            self._stop_seconds = DECAY * self._stop_seconds + seconds
         if asked:
             self.asked = DECAY * self.asked + 1
             self.answered = DECAY * self.answered + (proposed > 0)
