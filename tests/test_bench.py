@@ -137,6 +137,10 @@ def test_bench_end_to_end_writes_records_and_report(bench_run):
     # plain runs precede the methods of the same prompt: interleaved, never all plain first
     first_prompt = [r["setting"] for r in records[:settings]]
     assert first_prompt[0] == "plain" and len(set(first_prompt)) == settings
+    # the methods' order turns by one per prompt: no method always runs right after plain
+    second_prompt = [r["setting"] for r in records[settings:2 * settings]]
+    assert second_prompt[0] == "plain" and second_prompt[1:] == first_prompt[2:] + first_prompt[1:2]
+    assert len({tuple(r["setting"] for r in records[i:i + 2]) for i in range(0, len(records), settings)}) > 1
     for r in records:
         if r["setting"] == "plain":
             assert r["speedup"] == 1.0 and r["k"] == 0

@@ -123,7 +123,11 @@ def run_bench(config: BenchConfig, out: str | Path, overwrite: bool = False, pro
             for index, (p, ids, chat, sampling, rep) in enumerate(plan):
                 seed = config.seed + index
                 plain: dict[str | None, Any] = {}  # plain runs of this prompt, by quantization
-                for setting in settings:  # plain first, then every method on the same prompt: interleaved
+                # Plain first, then every method on the same prompt: interleaved. The methods' order turns by
+                # one per prompt, so no method always runs right after plain (on a shared machine a
+                # position in the sequence can be systematically faster or slower).
+                turn = index % len(config.settings) if config.settings else 0
+                for setting in [*plains, *config.settings[turn:], *config.settings[:turn]]:
                     run = engines.run(setting, ids, sampling, config.max_new_tokens, seed)
                     # A method compares with plain decoding of the same target; a plain run with the first.
                     base_setting = plains[0] if setting in plains else next(q for q in plains if q.quantize == setting.quantize)
