@@ -272,6 +272,26 @@ def test_with_the_stop_a_confident_draft_runs_past_the_best_fixed_k():
             assert not auto.keep_drafting(0.2)
 
 
+def test_a_probe_of_a_drafter_that_does_not_pay_keeps_the_best_fixed_k():
+    """Where speculating is not predicted to pay, a probe (or warm-up) step runs the best fixed K's
+    length, cut by the stop, not 8 candidates: a draft costing most of a step must not spend 8 draft
+    steps finding out. Control: where it pays, the same confident drafter gets 8 (the stop decides)."""
+    for draft_cost, pays in ((0.9, False), (0.05, True)):
+        auto = _controller(_curve(draft_per_token=draft_cost))
+        for _ in range(30):
+            auto.acceptance.observe(2, 1, confidence=[0.97, 0.5])
+        auto._confidence_seen = True  # the drafter has reported its confidence before
+        ks = []
+        for _ in range(400):
+            k = auto.choose(budget=100)
+            ks.append(k)
+            if k:
+                break
+            auto.observe(0, 0, 0, 1, 0.0, 1.0, 0.0)
+        assert ks[-1] > 0, "no probe in 400 plain steps"
+        assert (ks[-1] == K_MAX) is pays, (draft_cost, ks[-1], len(ks))
+
+
 def test_a_step_the_stop_cut_is_predicted_from_its_drafted_confidences():
     """The prediction of a step whose length the stop chose is made from the proposal as drafted: 1 +
     sum of the running products of the acceptance by each candidate's confidence, priced at the rows it

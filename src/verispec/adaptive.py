@@ -525,7 +525,9 @@ class AutoK:
         self._rate = rates[k] if k == 0 else rates[best]
         m = self.proposes if k else 1.0  # without a proposal the step is a plain one
         self._prediction = (m * rates[k] * self.cost(k) + (1 - m), m * self.cost(k) + (1 - m) * self.cost(0))
-        self._stop_step = bool(k) and (self.mode == "confidence" or stops)
+        # Only where speculating is predicted to pay: a warm-up step or a probe keeps the best fixed K's
+        # length (cut by the stop), so a drafter that cannot pay never spends 8 draft steps finding out.
+        self._stop_step = bool(k) and (self.mode == "confidence" or (stops and spec_rate > rates[0] * (1 + MARGIN)))
         if self._stop_step:
             k = len(rates) - 1  # the draft-side stop chooses the length (its prediction: see observe)
         self._reach, self._confidence, self._stopped = 1.0, [], False
@@ -533,8 +535,8 @@ class AutoK:
 
     @property
     def stop_rate(self) -> float:
-        """Committed tokens per second that steps whose length the draft-side stop chose are predicted
-        to achieve (decayed like the acceptance counts; 0 before any)."""
+        """Committed tokens per second that steps whose length the draft-side stop chose achieved
+        (measured; decayed like the acceptance counts; 0 before any)."""
         return self._stop_tokens / self._stop_seconds if self._stop_seconds > 0 else 0.0
 
     def _probe_wait(self, k: int, paying: bool = False) -> float:
@@ -590,8 +592,10 @@ class AutoK:
             seconds = (curve.draft[proposed] * self.draft_scale
                        + curve.verify_at(proposed + 1, self._step_context) * self.verify_scale + curve.overhead)
             self._prediction = (tokens, seconds)
+            # What such steps achieve, in the seconds they really took (self-correcting where the curve
+            # prices a proposal too cheaply).
             self._stop_tokens = DECAY * self._stop_tokens + committed
-            self._stop_seconds = DECAY * self._stop_seconds + seconds
+            self._stop_seconds = DECAY * self._stop_seconds + draft_seconds + verify_seconds + other_seconds
         if asked:
             self.asked = DECAY * self.asked + 1
             self.answered = DECAY * self.answered + (proposed > 0)
