@@ -79,7 +79,7 @@ def replay(rec: dict[str, Any], curve: adaptive.CostCurve, k: int | str) -> dict
         auto = adaptive.AutoK(adaptive.auto_mode(k))
         auto.curve = dataclasses.replace(curve, verify=list(curve.verify), draft=list(curve.draft))
         auto._tokens = tokens
-    seconds = plain_seconds = 0.0
+    seconds = 0.0
     hist: dict[int, int] = defaultdict(int)
     committed = 1
     accepted_total = 0

@@ -95,7 +95,6 @@ DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
 BINS = 10  # draft-confidence bins
-BIN_DECAY = 0.95  # per-step forgetting of the acceptance by draft confidence
 CACHE_VERSION = 3  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line
 
 
@@ -358,8 +357,8 @@ class Acceptance:
     def observe(self, proposed: int, accepted: int, confidence: list[float] | None = None) -> None:
         """One step: ``proposed`` candidates, the first ``accepted`` kept. Positions 0..accepted were
         judged (the last of them rejected unless all were kept); later ones were not."""
-        for values, decay in ((self.judged, DECAY), (self.kept, DECAY), (self.bin_judged, BIN_DECAY),
-                              (self.bin_kept, BIN_DECAY)):
+        for values, decay in ((self.judged, DECAY), (self.kept, DECAY), (self.bin_judged, DECAY),
+                              (self.bin_kept, DECAY)):
             values[:] = [decay * v for v in values]
         self.pooled_judged *= POOLED_DECAY
         self.pooled_kept *= POOLED_DECAY
@@ -469,9 +468,11 @@ class AutoK:
     def active(self) -> bool:
         return self.curve is not None and not self.failed
 
-    def cost(self, k: int) -> float:
+    def cost(self, k: int, context: int | None = None) -> float:
+        """Seconds of a step with k candidates, at ``context`` cached positions (default: the run's now)."""
         curve = self.curve
-        return curve.draft[k] * self.draft_scale + self._verify(k + 1) * self.verify_scale + curve.overhead
+        rows = curve.verify_at(k + 1, len(self._tokens) - 1 if context is None else context)
+        return curve.draft[k] * self.draft_scale + rows * self.verify_scale + curve.overhead
 
     def _verify(self, rows: int) -> float:
         """The measured cost of a pass over ``rows`` positions at the run's current context."""
@@ -508,9 +509,8 @@ class AutoK:
         spec_rate = max(rates[best], self.stop_rate) if stops else rates[best]
         if self._warmup_budget is None:  # the first step: the run's plain decoding is ``budget`` steps
             self._warmup_budget = WARMUP_SHARE * budget * self.cost(0)
-        if self.mode == "confidence":
-            k = best
-        elif spec_rate > rates[0] * (1 + MARGIN):
+        pays = spec_rate > rates[0] * (1 + MARGIN)
+        if self.mode == "confidence" or pays:
             k = best
         elif self.judged < WARMUP_JUDGED and self.cost(best) - self.cost(0) <= self._warmup_budget:
             k = best  # still learning what this drafter achieves on this text
@@ -522,12 +522,12 @@ class AutoK:
         else:
             k = 0
         # The stop's yardstick: one more candidate must add more tokens than its seconds buy at this rate.
-        self._rate = rates[k] if k == 0 else rates[best]
+        self._rate = rates[best]
         m = self.proposes if k else 1.0  # without a proposal the step is a plain one
         self._prediction = (m * rates[k] * self.cost(k) + (1 - m), m * self.cost(k) + (1 - m) * self.cost(0))
         # Only where speculating is predicted to pay: a warm-up step or a probe keeps the best fixed K's
         # length (cut by the stop), so a drafter that cannot pay never spends 8 draft steps finding out.
-        self._stop_step = bool(k) and (self.mode == "confidence" or (stops and spec_rate > rates[0] * (1 + MARGIN)))
+        self._stop_step = bool(k) and (self.mode == "confidence" or (stops and pays))
         if self._stop_step:
             k = len(rates) - 1  # the draft-side stop chooses the length (its prediction: see observe)
         self._reach, self._confidence, self._stopped = 1.0, [], False
@@ -585,13 +585,8 @@ class AutoK:
         if self._stop_step and proposed:
             # The stop chose the length: predict the step from the proposal as drafted (the acceptance by
             # each candidate's confidence, as the estimates stood), and price it at what it holds.
-            reach, tokens = 1.0, 1.0
-            for confidence in self._confidence[:proposed]:
-                reach *= self.acceptance.by_confidence(confidence)
-                tokens += reach
-            seconds = (curve.draft[proposed] * self.draft_scale
-                       + curve.verify_at(proposed + 1, self._step_context) * self.verify_scale + curve.overhead)
-            self._prediction = (tokens, seconds)
+            kept = [self.acceptance.by_confidence(c) for c in self._confidence[:proposed]]
+            self._prediction = (chain_tokens(kept, proposed)[-1], self.cost(proposed, self._step_context))
             # What such steps achieve, in the seconds they really took (self-correcting where the curve
             # prices a proposal too cheaply).
             self._stop_tokens = DECAY * self._stop_tokens + committed
