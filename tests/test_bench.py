@@ -21,6 +21,7 @@ OPTIONAL_NUMBER = (int, float, type(None))
 RECORD_SCHEMA = {
     "type": str, "schema": int, "setting": str, "params": dict, "target": str, "pair": str, "acceptance": str,
     "hardware": dict, "versions": dict, "dtype": str, "quantization": (str, type(None)), "compared_with": str,
+    "timing": str,
     "workload": str, "prompt_id": str, "chat_template": bool,
     "repetition": int, "mode": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER,
     # GenerationStats fields
@@ -203,6 +204,39 @@ def test_every_record_field_has_its_type(bench_run):
         assert r["tokens_per_second"] == pytest.approx(r["new_tokens"] / r["wall_seconds"])
 
 
+def test_interleaved_timing_end_to_end(tiny_chat_pair, data_dir, tmp_path):
+    """timing = "interleaved": every run of a prompt stepped together; records say so, the speculative
+    runs still commit plain greedy's tokens, and each run's time is its own (less than their sum)."""
+    target, draft = tiny_chat_pair
+    config = tmp_path / "interleaved.toml"
+    config.write_text(f"""
+target = "{target}"
+dtype = "float32"
+workloads = ["humaneval", "spec_bench/translation"]
+prompts = 1
+max_new_tokens = 10
+data_dir = "{data_dir}"
+timing = "interleaved"
+execute = false
+[[methods]]
+name = "draft-model"
+draft = "{draft}"
+k = [2, "auto"]
+[[methods]]
+name = "prompt-lookup"
+ngram = 2
+""")
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(main, ["bench", str(config), "-o", str(out), "--no-report"])
+    assert result.exit_code == 0, result.output
+    records = [r for r in read_results(out)[1]]
+    assert len(records) == 2 * 4 and {r["timing"] for r in records} == {"interleaved"}
+    assert all(r["identical_to_plain"] for r in records if r["setting"] != "plain")
+    assert all(0 < r["first_token_seconds"] <= r["wall_seconds"] for r in records)
+    flags = load_config(config, timing="sequential")
+    assert flags.timing == "sequential"  # the --timing flag overrides the file
+
+
 def test_report_command_rerenders(bench_run, tmp_path):
     result = CliRunner().invoke(main, ["report", str(bench_run[0]), "-o", str(tmp_path / "r"), "--no-plots"])
     assert result.exit_code == 0, result.output
@@ -311,6 +345,9 @@ BAD_CONFIGS = {
     "bad dtype": ({"target": "m", "dtype": "int3"}, "dtype"),
     "bad tokens": ({"target": "m", "max_new_tokens": 0}, "max_new_tokens"),
     "duplicate": ({"target": "m", "methods": [{"name": "prompt-lookup"}, {"name": "prompt-lookup"}]}, "twice"),
+    "bad timing": ({"target": "m", "timing": "parallel"}, "'timing' must be sequential or interleaved"),
+    "interleaved transformers": ({"target": "m", "timing": "interleaved", "methods": [{"name": "hf-plain"}]},
+                                 "transformers' generate runs whole"),
 }
 
 

@@ -53,7 +53,9 @@ DEFAULT_TARGET = "smollm2-135m"
 # of the verispec drafter it corresponds to.
 HF_METHODS: dict[str, str | None] = {"hf-plain": None, "hf-assisted": "draft-model", "hf-prompt-lookup": "prompt-lookup"}
 TOP_LEVEL = {"target", "dtype", "quantize", "threads", "max_new_tokens", "prompts", "repetitions", "seed", "workloads",
-             "data_dir", "chat", "ignore_eos", "warmup_tokens", "roofline", "execute", "sampling", "methods"}
+             "data_dir", "chat", "ignore_eos", "warmup_tokens", "roofline", "execute", "sampling", "methods",
+             "timing"}
+TIMINGS = ("sequential", "interleaved")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +128,9 @@ class BenchConfig:
     warmup_tokens: int = 8
     roofline: bool = False  # measure the read bandwidth; records then say what share of it decoding reaches
     execute: bool = True  # run HumanEval's tests on each completion (sandboxed: verispec.bench.execution)
+    # "sequential": each run whole, one after another (plain first); "interleaved": a prompt's runs advance
+    # step by step in lockstep through the text, each timed by its own steps (verispec.bench.interleave)
+    timing: str = "sequential"
 
     @property
     def plains(self) -> tuple[Setting, ...]:
@@ -255,6 +260,12 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
     if data_dir is not None and not isinstance(data_dir, str):
         raise _fail("top level", f"'data_dir' must be a path string, got {data_dir!r}")
     seed = _positive_int("top level", "seed", raw.get("seed", 0), minimum=0)
+    timing = raw.get("timing", "sequential")
+    if timing not in TIMINGS:
+        raise _fail("top level", f"'timing' must be {' or '.join(TIMINGS)}, got {timing!r}")
+    if timing == "interleaved" and any(s.engine != "verispec" for s in settings):
+        raise _fail("top level", "timing = 'interleaved' steps verispec's own runs; transformers' generate runs "
+                                 "whole (use timing = 'sequential' to compare with it)")
     return BenchConfig(
         target=target, settings=tuple(settings), workloads=tuple(workloads), samplings=tuple(samplings),
         dtype=raw.get("dtype", "bfloat16"), quantize=quantize, threads=threads,
@@ -263,7 +274,8 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
         repetitions=_positive_int("top level", "repetitions", raw.get("repetitions", 1)),
         seed=seed, data_dir=data_dir, chat=chat, ignore_eos=ignore_eos,
         warmup_tokens=_positive_int("top level", "warmup_tokens", raw.get("warmup_tokens", 8), minimum=0),
-        roofline=_flag("roofline", raw.get("roofline", False)), execute=_flag("execute", raw.get("execute", True)))
+        roofline=_flag("roofline", raw.get("roofline", False)), execute=_flag("execute", raw.get("execute", True)),
+        timing=timing)
 
 
 def _quantizations(value: Any, where: str) -> tuple[str | None, ...]:

@@ -11,7 +11,7 @@ import torch
 
 from verispec.bench.config import BenchConfig, Setting
 from verispec.bench.workloads import Prompt
-from verispec.decoding import GenerationResult, encode_prompt, generate
+from verispec.decoding import Generation, GenerationResult, encode_prompt
 from verispec.errors import VerispecError
 from verispec.models.loading import load_model, parse_dtype
 from verispec.models.protocol import DecoderModel
@@ -52,9 +52,17 @@ class Engines:
             assistant = self.hf_drafts.get(setting.params.get("draft"))
             return run_transformers(self.hf_target, assistant, self.target.tokenizer, prompt_ids, sampling, setting,
                                     max_new_tokens, self.config.ignore_eos, seed)
-        return generate(self.targets[setting.quantize], input_ids=prompt_ids, max_new_tokens=max_new_tokens, sampling=sampling,
-                        drafter=self.drafters.get(setting.label), acceptance=setting.acceptance,
-                        ignore_eos=self.config.ignore_eos, logprobs=True)  # every method pays it alike
+        return self.start(setting, prompt_ids, sampling, max_new_tokens, seed).result()
+
+    def start(self, setting: Setting, prompt_ids: list[int], sampling: SamplingConfig, max_new_tokens: int,
+              seed: int) -> Generation:
+        """A verispec run not yet stepped: iterate it step by step, or call ``result()`` to run it whole."""
+        if setting.engine != "verispec":
+            raise VerispecError(f"{setting.label} runs transformers' generate, which cannot be stepped")
+        sampling = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed=seed)
+        return Generation(self.targets[setting.quantize], input_ids=prompt_ids, max_new_tokens=max_new_tokens,
+                          sampling=sampling, drafter=self.drafters.get(setting.label), acceptance=setting.acceptance,
+                          ignore_eos=self.config.ignore_eos, logprobs=True)  # every method pays it alike
 
 
 def prompt_ids(model: DecoderModel, prompt: Prompt, chat: str) -> tuple[list[int], bool]:

@@ -16,6 +16,7 @@ import torch
 from verispec.bench.checks import TaskChecks
 from verispec.bench.config import BenchConfig, Setting
 from verispec.bench.engines import Engines, prompt_ids, weight_bytes_per_token
+from verispec.bench.interleave import run_interleaved
 from verispec.bench.records import SCHEMA_VERSION, make_record, mode_label
 from verispec.bench.workloads import Prompt, load_workload
 from verispec.errors import VerispecError
@@ -75,7 +76,7 @@ def _context(config: BenchConfig, setting: Setting, prompt: Prompt, chat: bool, 
     return {"setting": setting.label, "params": setting.params, "target": config.target,
             "pair": setting.pair(config.target), "acceptance": setting.acceptance,
             "hardware": environment["hardware"], "versions": environment["versions"], "dtype": config.dtype,
-            "quantization": setting.quantize,
+            "quantization": setting.quantize, "timing": config.timing,
             "workload": prompt.workload, "prompt_id": prompt.id, "chat_template": chat, "repetition": repetition,
             "mode": mode_label(sampling.temperature, sampling.top_k, sampling.top_p),
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
@@ -127,8 +128,12 @@ def run_bench(config: BenchConfig, out: str | Path, overwrite: bool = False, pro
                 # one per prompt, so no method always runs right after plain (on a shared machine a
                 # position in the sequence can be systematically faster or slower).
                 turn = index % len(config.settings) if config.settings else 0
-                for setting in [*plains, *config.settings[turn:], *config.settings[:turn]]:
-                    run = engines.run(setting, ids, sampling, config.max_new_tokens, seed)
+                order = [*plains, *config.settings[turn:], *config.settings[:turn]]
+                if config.timing == "interleaved":  # all of the prompt's runs in lockstep, each timing its own steps
+                    runs = run_interleaved([engines.start(s, ids, sampling, config.max_new_tokens, seed) for s in order])
+                else:  # one after another, each whole (a generator: the bar ticks as each run ends)
+                    runs = (engines.run(s, ids, sampling, config.max_new_tokens, seed) for s in order)
+                for setting, run in zip(order, runs):
                     # A method compares with plain decoding of the same target; a plain run with the first.
                     base_setting = plains[0] if setting in plains else next(q for q in plains if q.quantize == setting.quantize)
                     base = plain.get(base_setting.quantize)
