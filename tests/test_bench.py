@@ -39,7 +39,7 @@ RECORD_SCHEMA = {
     "per_token_seconds": NUMBER, "target_calls_per_token": NUMBER, "acceptance_rate": OPTIONAL_NUMBER,
     "acceptance_rate_by_position": (list, type(None)), "mean_accepted_length": NUMBER,
     # comparison with plain decoding and quality
-    "speedup": NUMBER, "identical_to_plain": (bool, type(None)), "first_divergence": (int, type(None)),
+    "speedup": NUMBER, "plain_tokens_per_second": NUMBER, "identical_to_plain": (bool, type(None)), "first_divergence": (int, type(None)),
     "target_logprob_mean": NUMBER, "plain_target_logprob_mean": NUMBER, "metric": (str, type(None)),
     "metric_value": OPTIONAL_NUMBER, "plain_metric_value": OPTIONAL_NUMBER,
     "weight_bytes_per_token": (int, type(None)), "roofline": OPTIONAL_NUMBER,
@@ -205,8 +205,8 @@ def test_every_record_field_has_its_type(bench_run):
 
 
 def test_interleaved_timing_end_to_end(tiny_chat_pair, data_dir, tmp_path):
-    """timing = "interleaved": every run of a prompt stepped together; records say so, the speculative
-    runs still commit plain greedy's tokens, and each run's time is its own (less than their sum)."""
+    """timing = "interleaved": each method stepped together with a plain run of its own; records say so,
+    the speculative runs still commit plain greedy's tokens, and each is compared with its own plain run."""
     target, draft = tiny_chat_pair
     config = tmp_path / "interleaved.toml"
     config.write_text(f"""
@@ -233,6 +233,12 @@ ngram = 2
     assert len(records) == 2 * 4 and {r["timing"] for r in records} == {"interleaved"}
     assert all(r["identical_to_plain"] for r in records if r["setting"] != "plain")
     assert all(0 < r["first_token_seconds"] <= r["wall_seconds"] for r in records)
+    # every method compares with a plain run made beside it, not with the prompt's recorded plain run
+    for r in records:
+        if r["setting"] != "plain":
+            plain = next(q for q in records if q["setting"] == "plain" and q["prompt_id"] == r["prompt_id"])
+            assert r["plain_tokens_per_second"] != plain["tokens_per_second"]
+            assert r["speedup"] == pytest.approx(r["tokens_per_second"] / r["plain_tokens_per_second"])
     flags = load_config(config, timing="sequential")
     assert flags.timing == "sequential"  # the --timing flag overrides the file
 

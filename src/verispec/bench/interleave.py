@@ -1,4 +1,4 @@
-"""Lockstep timing: a prompt's runs advance together through the text, each timed by its own steps.
+"""Lockstep timing: runs of one prompt advance together through the text, each timed by its own steps.
 
 On a shared machine the speed drifts by tens of percent from one minute to the next, so a run that
 happens to fall in a slow minute looks slow against the plain run before it: single per-prompt ratios

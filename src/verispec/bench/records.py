@@ -51,6 +51,8 @@ def make_record(context: dict[str, Any], run: RunOutput, plain: RunOutput | None
     return {
         "type": "record", "schema": SCHEMA_VERSION, **context, **stats,
         "speedup": run.stats.tokens_per_second / plain_tps if plain_tps > 0 else None,
+        # the plain run this one compares with (under interleaved timing, the one made beside it)
+        "plain_tokens_per_second": plain_tps,
         "identical_to_plain": (run.token_ids == base.token_ids) if greedy else None,
         "first_divergence": first_divergence(run.token_ids, base.token_ids) if greedy else None,
         "target_logprob_mean": statistics.fmean(run.target_logprobs) if run.target_logprobs else None,

@@ -9,7 +9,7 @@ import os
 import platform
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -82,6 +82,41 @@ def _context(config: BenchConfig, setting: Setting, prompt: Prompt, chat: bool, 
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
 
 
+def _prompt_runs(engines: Engines, config: BenchConfig, order: list[Setting], ids: list[int], sampling: SamplingConfig,
+                 seed: int) -> Iterator[tuple[Setting, Any, Any]]:
+    """(setting, run, the plain run it compares with) for the plain runs and then every method in
+    ``order``, on one prompt.
+
+    Sequential: each run whole, one after another; every method compares with the prompt's one plain run
+    at its quantization. Interleaved: the plain runs step together, and then each method steps together
+    with a plain run of its own (two runs at a time, the method's baseline made beside it): a run's
+    working set (its caches, its drafter's state) then shares the processor's caches with one other run,
+    as a plain run's does, not with every run of the prompt, which would slow each step by the same
+    amount and so favour methods with fewer steps.
+    """
+    plains = config.plains
+    if config.timing == "interleaved":
+        def start(setting: Setting) -> Any:
+            return engines.start(setting, ids, sampling, config.max_new_tokens, seed)
+
+        made = run_interleaved([start(s) for s in plains])
+        for s, run in zip(plains, made):
+            yield s, run, made[0] if s is not plains[0] else None
+        for setting in order:
+            base_setting = next(q for q in plains if q.quantize == setting.quantize)
+            base, run = run_interleaved([start(base_setting), start(setting)])
+            yield setting, run, base
+        return
+    plain: dict[str | None, Any] = {}  # plain runs of this prompt, by quantization
+    for setting in [*plains, *order]:
+        run = engines.run(setting, ids, sampling, config.max_new_tokens, seed)
+        if setting in plains:
+            plain[setting.quantize] = run
+            yield setting, run, plain[plains[0].quantize] if setting is not plains[0] else None
+        else:
+            yield setting, run, plain[setting.quantize]
+
+
 def run_bench(config: BenchConfig, out: str | Path, overwrite: bool = False, progress: bool = True,
               say: Callable[[str], None] = lambda message: None) -> Path:
     """Run the experiment ``config`` describes and write its JSONL results to ``out``.
@@ -123,28 +158,20 @@ def run_bench(config: BenchConfig, out: str | Path, overwrite: bool = False, pro
         with _progress(meta["runs"], progress) as bar:
             for index, (p, ids, chat, sampling, rep) in enumerate(plan):
                 seed = config.seed + index
-                plain: dict[str | None, Any] = {}  # plain runs of this prompt, by quantization
-                # Plain first, then every method on the same prompt: interleaved. The methods' order turns by
-                # one per prompt, so no method always runs right after plain (on a shared machine a
-                # position in the sequence can be systematically faster or slower).
+                # Plain first, then every method on the same prompt. The methods' order turns by one per
+                # prompt, so no method always runs right after plain (on a shared machine a position in the
+                # sequence can be systematically faster or slower).
                 turn = index % len(config.settings) if config.settings else 0
-                order = [*plains, *config.settings[turn:], *config.settings[:turn]]
-                if config.timing == "interleaved":  # all of the prompt's runs in lockstep, each timing its own steps
-                    runs = run_interleaved([engines.start(s, ids, sampling, config.max_new_tokens, seed) for s in order])
-                else:  # one after another, each whole (a generator: the bar ticks as each run ends)
-                    runs = (engines.run(s, ids, sampling, config.max_new_tokens, seed) for s in order)
-                for setting, run in zip(order, runs):
+                order = [*config.settings[turn:], *config.settings[:turn]]
+                for setting, run, base in _prompt_runs(engines, config, order, ids, sampling, seed):
                     # A method compares with plain decoding of the same target; a plain run with the first.
                     base_setting = plains[0] if setting in plains else next(q for q in plains if q.quantize == setting.quantize)
-                    base = plain.get(base_setting.quantize)
                     context = _context(config, setting, p, chat, sampling, rep, environment)
                     context["compared_with"] = base_setting.label
                     record = make_record(context, run, base,
                                          sampling.greedy, p.reference, p.metric, weight_bytes.get(setting.quantize),
                                          environment.get("read_bandwidth_gbs"))
                     record.update(checks.checks(p, run.text or "", (base or run).text or ""))
-                    if setting in plains:
-                        plain[setting.quantize] = run
                     f.write(json.dumps(record) + "\n")
                     f.flush()
                     written += 1
