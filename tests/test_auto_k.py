@@ -213,6 +213,30 @@ def test_a_short_proposal_ends_the_chain():
     assert alphas[0] > 0.9 and alphas[1] > 0.9 and alphas[2] < 0.1
 
 
+def test_asking_for_more_than_a_proposal_holds_costs_only_what_it_holds():
+    """Prompt lookup's match runs out after 2 candidates whatever K asks for: a step asking for 6
+    verifies 3 rows, and the controller prices it so (and so does not shy away from a longer K that
+    costs nothing more). Control: a drafter that fills every K is priced at K + 1 rows."""
+    curve = _curve(verify_per_row=0.2, draft_per_token=0.0)
+    short, full = _controller(curve), _controller(_curve(verify_per_row=0.2, draft_per_token=0.0))
+    for step in range(40):
+        short.choose(budget=100), full.choose(budget=100)
+        k = 2 + step % 5  # asked for 2..6
+        short.observe(k, 2, 1, 2, 0.0, curve.verify[2], 0.0)
+        full.observe(k, k, 1, 2, 0.0, curve.verify[k], 0.0)
+    for k in (3, 4, 6):
+        assert short.asking(k)[k] == pytest.approx(short.cost(2), rel=0.03)
+        assert full.asking(k)[k] == pytest.approx(full.cost(k), rel=1e-6)
+    assert full.asking(6)[6] > 1.5 * short.asking(6)[6]
+    # half the proposals hold 2 and half hold 4: a step asking for 4 costs the mean of both
+    mixed = _controller(_curve(verify_per_row=0.2, draft_per_token=0.0))
+    for step in range(200):
+        mixed.choose(budget=100)
+        mixed.observe(4, 2 if step % 2 else 4, 1, 2, 0.0, 1.0, 0.0)
+    assert mixed.asking(4)[4] == pytest.approx((mixed.cost(2) + mixed.cost(4)) / 2, rel=0.05)
+    assert mixed.asking(3)[3] == pytest.approx((mixed.cost(2) + mixed.cost(3)) / 2, rel=0.05)
+
+
 def test_steps_with_nothing_to_propose_are_plain_steps_not_rejections():
     """Prompt lookup finds a match on one step in four, and then its candidates are kept: asking costs
     nothing on the other three (they are plain steps), so the controller keeps asking, and predicts
@@ -230,7 +254,8 @@ def test_steps_with_nothing_to_propose_are_plain_steps_not_rejections():
     m, k = auto.proposes, auto.choose(budget=100)
     tokens, seconds = auto._prediction  # a quarter of the steps commit K + 1 tokens, the rest one
     assert tokens == pytest.approx(m * expected_tokens(auto._alphas, k) + 1 - m)
-    assert seconds == pytest.approx(m * auto.cost(k) + (1 - m) * auto.cost(0))
+    assert seconds == pytest.approx(m * auto.asking(k)[k] + (1 - m) * auto.cost(0))
+    assert auto.asking(k)[k] == pytest.approx(auto.cost(min(k, 3)), rel=0.03)  # it never holds more than 3
 
 
 def test_the_draft_side_stop_learns_which_confidences_fail():
@@ -264,7 +289,7 @@ def test_with_the_stop_a_confident_draft_runs_past_the_best_fixed_k():
         assert k == best and best < K_MAX  # nothing seen yet: the best fixed K
         if first_confidence is not None:
             auto.keep_drafting(first_confidence)
-        auto.observe(k, 1, 1, 2, 0.3, 1.0, 0.0)
+        auto.observe(k, k, 1, 2, 0.3 * k, 1.0, 0.0)  # a whole proposal (a short one would make more K cheap)
         k = auto.choose(budget=100)
         assert (k == K_MAX) is expect_stop_steps, (k, best)
         if expect_stop_steps:

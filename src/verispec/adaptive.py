@@ -15,6 +15,8 @@ measured (a per-row, per-position cost timed on the attention kernel at two cont
 prompt makes every verified row dearer, a plain step less so. One drift factor per curve follows what
 the run's steps actually take (a busier machine), keeping the measured shape. The controller runs
 the K with the most tokens per second; K = 0 wins unless a K > 0 is predicted to beat it by ``MARGIN``.
+A step asking for K is priced at the lengths the drafter's proposals have had (``ProposalLengths``):
+prompt lookup's match often runs out before K, and asking for more then costs only the rows it fills.
 
 Without speculation nothing is learned about acceptance, so a probe step (the best K > 0) runs after
 every ``PROBE_FIRST`` plain steps, or after as many as keep probes under ``PROBE_SHARE`` of the time if
@@ -390,6 +392,46 @@ class Acceptance:
         return (self.bin_kept[b] + PRIOR_WEIGHT * self.pooled) / (self.bin_judged[b] + PRIOR_WEIGHT)
 
 
+class ProposalLengths:
+    """How far proposals reach when asked for K candidates: prompt lookup's match often runs out before K
+    (asked for 4, it proposed 2.2 candidates per step on short prompts), so asking for more costs only
+    the rows it fills. Per position i, the chance that a proposal holding i candidates holds an
+    (i+1)-th, counted over proposals that were asked for more than i (censoring-aware, forgetting like
+    the acceptance estimates), and pulled toward the pooled chance, whose prior is 1: drafters that
+    always fill K (draft models, layer skipping, ...) are priced at K rows from the start.
+    """
+
+    def __init__(self, positions: int = K_MAX) -> None:
+        self.at_risk = [0.0] * positions  # index i: proposals holding i candidates, asked for more
+        self.reached = [0.0] * positions  # ... that held an (i+1)-th
+
+    def observe(self, asked: int, proposed: int) -> None:
+        """A proposal asked for ``asked`` candidates held ``proposed`` (>= 1), not cut by a stop."""
+        self.at_risk[:] = [DECAY * v for v in self.at_risk]
+        self.reached[:] = [DECAY * v for v in self.reached]
+        for i in range(1, min(asked, proposed + 1, len(self.at_risk))):
+            self.at_risk[i] += 1
+            self.reached[i] += float(i < proposed)
+
+    def continues(self) -> list[float]:
+        """Per position i (index 1..): the chance that a proposal holding i candidates holds one more."""
+        pooled = (sum(self.reached) + PRIOR_WEIGHT) / (sum(self.at_risk) + PRIOR_WEIGHT)
+        return [1.0] + [(r + PRIOR_WEIGHT * pooled) / (a + PRIOR_WEIGHT)
+                        for r, a in zip(self.reached[1:], self.at_risk[1:])]
+
+    def expected(self, values: list[float]) -> list[float]:
+        """For k = 0..len(values) - 1: the mean of ``values[j]`` over the lengths j a proposal asked for
+        k holds (given it holds any; k = 0: values[0])."""
+        goes_on = self.continues()
+        out, ended, reach = [values[0]], 0.0, 1.0  # ended: sum over lengths j < k of P(length j) values[j]
+        for k in range(1, len(values)):
+            out.append(ended + reach * values[k])
+            if k < len(goes_on):
+                ended += reach * (1 - goes_on[k]) * values[k]
+                reach *= goes_on[k]
+        return out
+
+
 def _drift(scale: float, ratio: float) -> float:
     """One step's observed/curve time ratio folded into ``scale`` (an average in log space; one
     observation moves it at most 2x, so a pause in the process does not reprice every K)."""
@@ -424,6 +466,7 @@ class AutoK:
         self.mode = mode
         self.curve: CostCurve | None = None
         self.acceptance = Acceptance()
+        self.lengths = ProposalLengths()
         self.steps = 0
         self.plain_steps = self.probes = self.warmup_steps = 0
         self.judged = 0  # candidates judged in this run (not decayed): the warm-up's evidence
@@ -474,6 +517,11 @@ class AutoK:
         rows = curve.verify_at(k + 1, len(self._tokens) - 1 if context is None else context)
         return curve.draft[k] * self.draft_scale + rows * self.verify_scale + curve.overhead
 
+    def asking(self, k_max: int = K_MAX) -> list[float]:
+        """Expected seconds of a step that asks for k = 0..k_max candidates and gets some: priced at the
+        lengths the drafter's proposals have had (``ProposalLengths``), not at k rows whatever it holds."""
+        return self.lengths.expected([self.cost(j) for j in range(k_max + 1)])
+
     def _verify(self, rows: int) -> float:
         """The measured cost of a pass over ``rows`` positions at the run's current context."""
         return self.curve.verify_at(rows, len(self._tokens) - 1)
@@ -491,7 +539,8 @@ class AutoK:
 
     def _rates(self, alphas: list[float], budget: int) -> list[float]:
         """Tokens per second for K = 0..min(K_MAX, budget) with per-position acceptance ``alphas``."""
-        return [tokens / self.cost(k) for k, tokens in enumerate(chain_tokens(alphas, min(K_MAX, budget)))]
+        k_max = min(K_MAX, budget)
+        return [tokens / seconds for tokens, seconds in zip(chain_tokens(alphas, k_max), self.asking(k_max))]
 
     def choose(self, budget: int) -> int:
         """K for the next step (``budget``: candidates the run can still use)."""
@@ -512,9 +561,9 @@ class AutoK:
         pays = spec_rate > rates[0] * (1 + MARGIN)
         if self.mode == "confidence" or pays:
             k = best
-        elif self.judged < WARMUP_JUDGED and self.cost(best) - self.cost(0) <= self._warmup_budget:
+        elif self.judged < WARMUP_JUDGED and self._extra(best) <= self._warmup_budget:
             k = best  # still learning what this drafter achieves on this text
-            self._warmup_budget -= self.cost(best) - self.cost(0)
+            self._warmup_budget -= self._extra(best)
             self.warmup_steps += 1
         elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(best, self._pays_in_the_long_run(budget))):
             k = best  # a probe: what does acceptance look like now?
@@ -524,7 +573,7 @@ class AutoK:
         # The stop's yardstick: one more candidate must add more tokens than its seconds buy at this rate.
         self._rate = rates[best]
         m = self.proposes if k else 1.0  # without a proposal the step is a plain one
-        self._prediction = (m * rates[k] * self.cost(k) + (1 - m), m * self.cost(k) + (1 - m) * self.cost(0))
+        self._prediction = (m * rates[k] * self.asking(k)[k] + (1 - m), m * self.asking(k)[k] + (1 - m) * self.cost(0))
         # Only where speculating is predicted to pay: a warm-up step or a probe keeps the best fixed K's
         # length (cut by the stop), so a drafter that cannot pay never spends 8 draft steps finding out.
         self._stop_step = bool(k) and (self.mode == "confidence" or (stops and pays))
@@ -543,7 +592,11 @@ class AutoK:
         """Plain steps between probes so that probing with k candidates costs at most PROBE_SHARE of
         the time (a probe's extra seconds over a plain step, its tokens not counted), PROBE_SHARE_PAYING
         while ``paying``."""
-        return (self.cost(k) - self.cost(0)) / ((PROBE_SHARE_PAYING if paying else PROBE_SHARE) * self.cost(0))
+        return self._extra(k) / ((PROBE_SHARE_PAYING if paying else PROBE_SHARE) * self.cost(0))
+
+    def _extra(self, k: int) -> float:
+        """What asking for k candidates costs over a plain step (seconds)."""
+        return self.asking(k)[k] - self.cost(0)
 
     def _pays_in_the_long_run(self, budget: int) -> bool:
         """Whether the run's pooled acceptance (~200 steps) says some K beats plain decoding. Then a
@@ -594,6 +647,8 @@ class AutoK:
         if asked:
             self.asked = DECAY * self.asked + 1
             self.answered = DECAY * self.answered + (proposed > 0)
+            if proposed and not self._stop_step and not self._stopped:  # a stop's length says nothing of reach
+                self.lengths.observe(asked, proposed)
         if proposed or not asked:  # nothing proposed although asked: a plain step, nothing was judged
             self.acceptance.observe(proposed + chain_ended, accepted, self._confidence or None)
             self.judged += min(proposed + chain_ended, accepted + 1)

@@ -89,10 +89,9 @@ def _prompt_runs(engines: Engines, config: BenchConfig, order: list[Setting], id
 
     Sequential: each run whole, one after another; every method compares with the prompt's one plain run
     at its quantization. Interleaved: the plain runs step together, and then each method steps together
-    with a plain run of its own (two runs at a time, the method's baseline made beside it): a run's
-    working set (its caches, its drafter's state) then shares the processor's caches with one other run,
-    as a plain run's does, not with every run of the prompt, which would slow each step by the same
-    amount and so favour methods with fewer steps.
+    with a plain run of its own (two runs at a time, the method's baseline made beside it), so a run
+    shares the processor's caches with one other run, close to a run made alone, rather than with every
+    run of the prompt (BENCHMARKS.md section 15 compares the two).
     """
     plains = config.plains
     if config.timing == "interleaved":
