@@ -28,6 +28,7 @@ def private_cache(tmp_path, monkeypatch):
     """Cost measurements go to a temporary cache; nothing measured in one test serves another."""
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(adaptive, "_MEASURED", {})
+    monkeypatch.setattr(adaptive, "_LEARNED", {})
 
 
 def _curve(verify_per_row: float = 0.02, draft_per_token: float = 0.2) -> CostCurve:
@@ -317,6 +318,68 @@ def test_a_probe_of_a_drafter_that_does_not_pay_keeps_the_best_fixed_k():
         assert (ks[-1] == K_MAX) is pays, (draft_cost, ks[-1], len(ks))
 
 
+@pytest.mark.parametrize("draft_cost, could_pay", [(1.0, False), (0.9, True)])
+def test_a_drafter_that_could_not_pay_even_if_every_candidate_were_kept_never_speculates(draft_cost, could_pay):
+    """A candidate costing a whole plain step (1.0), verification 0.02 a row: even K + 1 tokens a step
+    would not beat plain decoding by MARGIN (K = 8: 9 tokens for 9.16 steps), so warm-up and probes
+    could only lose time, and a cold run never speculates in 400 steps. Control: at 0.9 a step (K = 8
+    with every candidate kept: 1.07x) the same run warms up and probes."""
+    auto = _controller(_curve(draft_per_token=draft_cost), warm=False)
+    ks = []
+    for step in range(400):
+        k = auto.choose(budget=1000 - step)
+        ks.append(k)
+        auto.observe(k, k, 0, 1, draft_cost * k, 1.0 + 0.02 * k, 0.0)  # every candidate rejected
+    if could_pay:
+        assert auto.warmup_steps >= 1 and auto.probes >= 2 and sum(k > 0 for k in ks) >= 3
+    else:
+        assert ks == [0] * 400 and auto.warmup_steps == auto.probes == 0
+
+
+def _finished_run(curve: CostCurve, kept: bool, steps: int = 40) -> None:
+    """One run of the process (digest "pair") that saw every candidate kept, or every one rejected."""
+    auto = _controller(curve, warm=False)
+    auto._digest = "pair"
+    for step in range(steps):
+        k = max(1, auto.choose(budget=200 - step))  # speculate every step, to learn
+        auto.observe(k, k, k if kept else 0, (k if kept else 0) + 1, 0.45 * k, 1.0 + 0.05 * k, 0.0)
+    auto.finish()
+
+
+@pytest.mark.parametrize("earlier", ["none", "kept", "rejected"])
+def test_a_run_starts_from_what_the_process_s_earlier_runs_found(earlier):
+    """A draft costing 0.45 of a step: at the prior (acceptance 1/2) a cold run warms up, speculating
+    whatever the prediction. After an earlier run of the same target and drafter in this process, the
+    next starts from that run's pooled acceptance instead: no warm-up; speculating from its first step
+    where earlier runs kept nearly everything, plain where they rejected it (control: no earlier run,
+    the warm-up runs)."""
+    curve = _curve(draft_per_token=0.45, verify_per_row=0.05)
+    if earlier != "none":
+        _finished_run(curve, kept=earlier == "kept")
+    auto = _controller(curve, warm=False)
+    auto._digest = "pair"
+    auto._start_from_earlier_runs()
+    first = auto.choose(budget=127)
+    if earlier == "none":
+        assert first > 0 and auto.warmup_steps == 1 and auto.prior_runs_rate is None
+    elif earlier == "kept":
+        assert first > 0 and auto.warmup_steps == 0 and auto.prior_runs_rate > 0.9
+    else:
+        assert first == 0 and auto.warmup_steps == 0 and auto.prior_runs_rate < 0.1
+
+
+def test_runs_of_one_process_report_what_earlier_runs_left():
+    """Prompt lookup (a draft that costs next to nothing) on a repetitive prompt: the first run judges
+    candidates and leaves its pooled acceptance, which the second reports as its prior."""
+    target = tiny_model(vocab=16, seed=0)
+    run = lambda: verispec.generate(target, input_ids=[1, 2, 3] * 6, max_new_tokens=20,
+                                    drafter=verispec.PromptLookup(ngram=1, k="auto")).stats
+    first, second = run(), run()
+    assert sum(n for k, n in first.k_histogram.items() if k) > 0  # it speculated, so it judged candidates
+    assert first.prior_acceptance is None
+    assert second.prior_acceptance is not None and 0 <= second.prior_acceptance <= 1
+
+
 def test_a_step_the_stop_cut_is_predicted_from_its_drafted_confidences():
     """The prediction of a step whose length the stop chose is made from the proposal as drafted: 1 +
     sum of the running products of the acceptance by each candidate's confidence, priced at the rows it
@@ -384,7 +447,7 @@ def _auto_law_test(monkeypatch, make, sampling: SamplingConfig):
     position occur. Returns the p-value and what the runs did."""
     import random
 
-    monkeypatch.setattr(adaptive, "cost_curve", lambda *a: (_curve(verify_per_row=0.05, draft_per_token=0.12), False))
+    monkeypatch.setattr(adaptive, "cost_curve", lambda *a: (_curve(verify_per_row=0.05, draft_per_token=0.12), False, "synthetic"))
     chance = random.Random(0)
     seen = {"k": set(), "cut": set(), "deep": 0}
     choose, keep, observe = AutoK.choose, AutoK.keep_drafting, AutoK.observe

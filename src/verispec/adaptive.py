@@ -92,12 +92,13 @@ PROBE_SHARE = 0.01  # ... and enough that probes cost at most this share of the 
 PROBE_SHARE_PAYING = 0.05  # this share while the run's long-run acceptance says speculation pays
 WARMUP_JUDGED = 8  # a run speculates until this many candidates were judged ...
 WARMUP_SHARE = 0.015  # ... unless that would cost more than this share of its plain decoding
-ROUNDS = 3  # measurements per point of the cost curve (the fastest counts)
+EARLIER_RUNS = 8.0  # earlier runs' acceptance starts a run as this many judged candidates at most
+ROUNDS = 4  # measurements per point of the cost curve (the fastest counts), after one untimed round
 DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20 steps)
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
 BINS = 10  # draft-confidence bins
-CACHE_VERSION = 3  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line
+CACHE_VERSION = 4  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line; 4: an untimed first round
 
 
 def parse_k(value: Any, what: str = "k (candidate length)") -> int | str:
@@ -180,6 +181,9 @@ def cost_key(model: Any, drafter: Any, greedy: bool) -> dict[str, Any]:
 
 
 _MEASURED: dict[str, CostCurve] = {}  # this process's measurements, by key digest
+# What this process's earlier runs of a target and drafter found, by the same digest: their pooled
+# acceptance as (kept, judged) candidate counts, each run's (decayed) counts added to half the earlier ones.
+_LEARNED: dict[str, tuple[float, float]] = {}
 
 
 def _cache_file(digest: str) -> Path:
@@ -221,11 +225,15 @@ def _write_cached(key: dict[str, Any], digest: str, curve: CostCurve) -> None:
         log.info("cannot store the cost measurement in %s: %s", path, exc)
 
 
-def cost_curve(model: Any, drafter: Any, context: Any) -> tuple[CostCurve, bool]:
-    """The costs for this target and drafter (a copy the run may refine), and whether they were measured
-    now: from this process, else the disk cache, else measured."""
+def _digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cost_curve(model: Any, drafter: Any, context: Any) -> tuple[CostCurve, bool, str]:
+    """The costs for this target and drafter (a copy the run may refine), whether they were measured
+    now (from this process, else the disk cache, else measured), and the key's digest."""
     key = cost_key(model, drafter, context.sampling.greedy)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    digest = _digest(key)
     curve = _MEASURED.get(digest) or _read_cached(key, digest)
     measured = curve is None
     if measured:
@@ -233,14 +241,19 @@ def cost_curve(model: Any, drafter: Any, context: Any) -> tuple[CostCurve, bool]
         curve.measured_at = f"{key['machine']['cpu']}, {key['machine']['threads']} threads, torch {torch.__version__}"
         _write_cached(key, digest, curve)
     _MEASURED[digest] = curve
-    return dataclasses.replace(curve, verify=list(curve.verify), draft=list(curve.draft)), measured
+    return dataclasses.replace(curve, verify=list(curve.verify), draft=list(curve.draft)), measured, digest
 
 
 def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
     """Time real steps without committing anything: for K = 0..K_MAX a proposal and its verification
     through the drafter (best of ROUNDS, interleaved), then plain passes over M = K_MAX+2..CURVE_ROWS positions. The
     caches are rolled back after each, and the drafter draws from its own generator, so the run's
-    random stream (and therefore its output for a seed) is the same whether or not this runs."""
+    random stream (and therefore its output for a seed) is the same whether or not this runs.
+
+    One untimed round goes first: the first pass over each row count sets up what later ones reuse
+    (buffers, kernel state), and right after a model loads the machine is slow for a while. Without it
+    the first curve of a process (SmolLM2 int8, prompt lookup) priced M = 1 -> 2 rows at +0.2 ms and
+    M = 2 -> 5 at +1.4 ms, where passes timed later took +1.0 and +1.0 ms (measured twice, 25 rounds)."""
     cache, n = context.cache, len(context.tokens)
     room = cache.capacity - (n - 1)  # positions a pass may write now
     probe = dataclasses.replace(context, generator=torch.Generator().manual_seed(0))
@@ -253,7 +266,7 @@ def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
         drafter.accepted(0)
         model.forward(torch.tensor([last]), cache, n - 1)
         cache.rollback(n - 1)
-        for _ in range(ROUNDS):
+        for timed in [False] + [True] * ROUNDS:
             for k in range(min(K_MAX, room - 1) + 1):
                 t0 = time.perf_counter()
                 proposal = drafter.propose(probe, k) if k else None
@@ -268,11 +281,13 @@ def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
                 cache.rollback(n - 1)
                 if k:
                     drafter.accepted(0)
-                draft[k], verify[k] = min(draft[k], t1 - t0), min(verify[k], t2 - t1)
+                if timed:
+                    draft[k], verify[k] = min(draft[k], t1 - t0), min(verify[k], t2 - t1)
             for m in range(K_MAX + 2, min(CURVE_ROWS, room) + 1):
                 t0 = time.perf_counter()
                 model.forward(torch.tensor([last] * m), cache, n - 1)
-                verify[m - 1] = min(verify[m - 1], time.perf_counter() - t0)
+                if timed:
+                    verify[m - 1] = min(verify[m - 1], time.perf_counter() - t0)
                 cache.rollback(n - 1)
     return CostCurve(_fill(verify), draft_line(_fill(draft)), context=n - 1, attention=attention_seconds(model))
 
@@ -478,6 +493,8 @@ class AutoK:
         self.asked = self.answered = 0.0
         self.failed: str | None = None
         self.calibration_seconds = 0.0
+        self._digest: str | None = None  # the cost key's: names what earlier runs learned
+        self.prior_runs_rate: float | None = None  # the pooled acceptance earlier runs left (None: none)
         self.verify_scale = self.draft_scale = 1.0  # what the run's steps take relative to the measured curve
         # predicted and measured, summed over steps (plain-step seconds are the yardstick)
         self.predicted_plain_seconds = self.predicted_seconds = 0.0
@@ -499,13 +516,34 @@ class AutoK:
         self._tokens = context.tokens  # the run's committed tokens (the loop extends this list)
         began = time.perf_counter()
         try:
-            self.curve, measured = cost_curve(model, drafter, context)
+            self.curve, measured, self._digest = cost_curve(model, drafter, context)
             self.calibration_seconds = time.perf_counter() - began if measured else 0.0
+            self._start_from_earlier_runs()
         except VerispecError:
             raise
         except Exception as exc:  # a drafter that fails while being measured: decode plainly, say so
             self.failed = f"{type(exc).__name__}: {exc}"
             log.warning("k='auto': measuring the drafter failed (%s); decoding without speculation", self.failed)
+
+    def _start_from_earlier_runs(self) -> None:
+        """Begin from what this process's earlier runs of this target and drafter found: their pooled
+        acceptance, as up to EARLIER_RUNS judged candidates (a prior the run's own steps soon outweigh;
+        it forgets like the pooled rate). With that much evidence the warm-up is not needed: a drafter
+        known not to pay starts plain (and probes), one known to pay starts speculating."""
+        kept, judged = _LEARNED.get(self._digest, (0.0, 0.0))
+        if judged <= 0:
+            return
+        weight = min(judged, EARLIER_RUNS)
+        self.acceptance.pooled_kept, self.acceptance.pooled_judged = weight * kept / judged, weight
+        self.judged = weight
+        self.prior_runs_rate = kept / judged
+
+    def finish(self) -> None:
+        """The run has ended: leave its pooled acceptance for the process's next run (``start``)."""
+        if not self.active or self._digest is None or self.acceptance.pooled_judged <= 0:
+            return
+        kept, judged = _LEARNED.get(self._digest, (0.0, 0.0))
+        _LEARNED[self._digest] = (0.5 * kept + self.acceptance.pooled_kept, 0.5 * judged + self.acceptance.pooled_judged)
 
     @property
     def active(self) -> bool:
@@ -535,12 +573,13 @@ class AutoK:
         """Predicted committed tokens per second for K = 0..min(K_MAX, budget), for a step whose drafter
         proposes (a step asking for candidates and getting none is a plain step: K = 0's rate)."""
         self._alphas = self.acceptance.alphas()
-        return self._rates(self._alphas, budget)
+        return self._rates(self._alphas, self.asking(min(K_MAX, budget)))
 
-    def _rates(self, alphas: list[float], budget: int) -> list[float]:
-        """Tokens per second for K = 0..min(K_MAX, budget) with per-position acceptance ``alphas``."""
-        k_max = min(K_MAX, budget)
-        return [tokens / seconds for tokens, seconds in zip(chain_tokens(alphas, k_max), self.asking(k_max))]
+    @staticmethod
+    def _rates(alphas: list[float], seconds: list[float]) -> list[float]:
+        """Tokens per second for K = 0..len(seconds) - 1 with per-position acceptance ``alphas``, a step
+        asking for K costing ``seconds[K]``."""
+        return [tokens / s for tokens, s in zip(chain_tokens(alphas, len(seconds) - 1), seconds)]
 
     def choose(self, budget: int) -> int:
         """K for the next step (``budget``: candidates the run can still use)."""
@@ -550,22 +589,27 @@ class AutoK:
         if budget <= 0:
             self._prediction = (1.0, self.cost(0))
             return 0
-        rates = self.rates(budget)
+        seconds = self.asking(min(K_MAX, budget))  # [K+1] a step asking for K = 0.. (computed once a step)
+        self._alphas = self.acceptance.alphas()
+        rates = self._rates(self._alphas, seconds)
         best = max(range(1, len(rates)), key=rates.__getitem__)
+        extra = seconds[best] - seconds[0]  # what asking for the best K costs over a plain step
         # With the draft-side stop the proposal's length follows the draft's confidence, up to K_MAX: what
         # speculating achieves is then what such steps have achieved lately, when that beats the best K.
         stops = self.mode != "cost" and self._confidence_seen
         spec_rate = max(rates[best], self.stop_rate) if stops else rates[best]
         if self._warmup_budget is None:  # the first step: the run's plain decoding is ``budget`` steps
-            self._warmup_budget = WARMUP_SHARE * budget * self.cost(0)
+            self._warmup_budget = WARMUP_SHARE * budget * seconds[0]
         pays = spec_rate > rates[0] * (1 + MARGIN)
         if self.mode == "confidence" or pays:
             k = best
-        elif self.judged < WARMUP_JUDGED and self._extra(best) <= self._warmup_budget:
+        elif not self._could_pay(seconds):
+            k = 0  # not even a draft whose every candidate is kept would beat plain decoding: nothing to learn
+        elif self.judged < WARMUP_JUDGED and extra <= self._warmup_budget:
             k = best  # still learning what this drafter achieves on this text
-            self._warmup_budget -= self._extra(best)
+            self._warmup_budget -= extra
             self.warmup_steps += 1
-        elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(best, self._pays_in_the_long_run(budget))):
+        elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(extra, seconds)):
             k = best  # a probe: what does acceptance look like now?
             self.probes += 1
         else:
@@ -573,7 +617,7 @@ class AutoK:
         # The stop's yardstick: one more candidate must add more tokens than its seconds buy at this rate.
         self._rate = rates[best]
         m = self.proposes if k else 1.0  # without a proposal the step is a plain one
-        self._prediction = (m * rates[k] * self.asking(k)[k] + (1 - m), m * self.asking(k)[k] + (1 - m) * self.cost(0))
+        self._prediction = (m * rates[k] * seconds[k] + (1 - m), m * seconds[k] + (1 - m) * seconds[0])
         # Only where speculating is predicted to pay: a warm-up step or a probe keeps the best fixed K's
         # length (cut by the stop), so a drafter that cannot pay never spends 8 draft steps finding out.
         self._stop_step = bool(k) and (self.mode == "confidence" or (stops and pays))
@@ -582,28 +626,28 @@ class AutoK:
         self._reach, self._confidence, self._stopped = 1.0, [], False
         return k
 
+    @staticmethod
+    def _could_pay(seconds: list[float]) -> bool:
+        """Whether some K would beat plain decoding by MARGIN if every candidate were accepted (K + 1
+        tokens a step): where not (a draft pass costing about a target step), warm-up and probes can
+        only lose time, whatever acceptance they would find."""
+        return any((k + 1) / s > (1 + MARGIN) / seconds[0] for k, s in enumerate(seconds) if k)
+
     @property
     def stop_rate(self) -> float:
         """Committed tokens per second that steps whose length the draft-side stop chose achieved
         (measured; decayed like the acceptance counts; 0 before any)."""
         return self._stop_tokens / self._stop_seconds if self._stop_seconds > 0 else 0.0
 
-    def _probe_wait(self, k: int, paying: bool = False) -> float:
-        """Plain steps between probes so that probing with k candidates costs at most PROBE_SHARE of
-        the time (a probe's extra seconds over a plain step, its tokens not counted), PROBE_SHARE_PAYING
-        while ``paying``."""
-        return self._extra(k) / ((PROBE_SHARE_PAYING if paying else PROBE_SHARE) * self.cost(0))
-
-    def _extra(self, k: int) -> float:
-        """What asking for k candidates costs over a plain step (seconds)."""
-        return self.asking(k)[k] - self.cost(0)
-
-    def _pays_in_the_long_run(self, budget: int) -> bool:
-        """Whether the run's pooled acceptance (~200 steps) says some K beats plain decoding. Then a
-        stretch run plain is more likely a dip than the text's nature, and probes come back sooner: a
-        0.5B draft for a 1.5B target (0.36 of a step) otherwise waited ~37 plain steps after every dip."""
-        rates = self._rates([self.acceptance.pooled] * K_MAX, budget)
-        return max(rates[1:]) > rates[0] * (1 + MARGIN)
+    def _probe_wait(self, extra: float, seconds: list[float]) -> float:
+        """Plain steps between probes so that probes, each ``extra`` seconds over a plain step (their
+        tokens not counted), cost at most PROBE_SHARE of the time, PROBE_SHARE_PAYING while the run's
+        pooled acceptance (~200 steps) says some K beats plain decoding. Then a stretch run plain is more
+        likely a dip than the text's nature, and probes come back sooner: a 0.5B draft for a 1.5B target
+        (0.36 of a step) otherwise waited ~37 plain steps after every dip."""
+        rates = self._rates([self.acceptance.pooled] * K_MAX, seconds)
+        paying = max(rates[1:]) > rates[0] * (1 + MARGIN)
+        return extra / ((PROBE_SHARE_PAYING if paying else PROBE_SHARE) * seconds[0])
 
     @property
     def wants_confidence(self) -> bool:
@@ -681,6 +725,7 @@ class AutoK:
             "plain_steps": self.plain_steps,
             "probes": self.probes,
             "warmup_steps": self.warmup_steps,
+            "prior_acceptance": None if self.prior_runs_rate is None else round(self.prior_runs_rate, 4),
             "acceptance_estimates": [round(a, 4) for a in self.acceptance.alphas()],
             "cost_curve": ({**self.curve.as_dict(), "verify_scale": round(self.verify_scale, 4),
                             "draft_scale": round(self.draft_scale, 4)} if self.curve is not None else None),

@@ -308,6 +308,7 @@ class Generation:
                 auto.observe(k, proposal.tokens.numel(), verdict.num_accepted, len(step.token_ids), t1 - t0,
                              t2 - t1, other)
                 if self.finish_reason:
+                    auto.finish()
                     stats.record_auto(auto.report())
             yield step
         stats.wall_seconds = time.perf_counter() - start
