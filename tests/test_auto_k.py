@@ -336,6 +336,21 @@ def test_a_drafter_that_could_not_pay_even_if_every_candidate_were_kept_never_sp
         assert ks == [0] * 400 and auto.warmup_steps == auto.probes == 0
 
 
+def test_drafts_are_priced_at_the_machine_s_drift_when_a_run_is_mostly_plain():
+    """Plain steps that take 1.2x the measured curve (a busier machine) make every draft dearer too,
+    although no draft ran: the draft is the same machine's work. Drafts that then run at the curve's
+    price (a cheap draft on that machine) bring their own factor back down."""
+    curve = _curve(draft_per_token=0.5)
+    auto = _controller(curve)
+    for _ in range(60):
+        auto.observe(0, 0, 0, 1, 0.0, 1.2 * curve.verify[0], 0.0)
+    assert auto.verify_scale == pytest.approx(1.2, rel=0.01)
+    assert auto.cost(4) == pytest.approx(1.2 * (curve.draft[4] + curve.verify[4]), rel=0.01)
+    for _ in range(60):
+        auto.observe(4, 4, 0, 1, curve.draft[4], 1.2 * curve.verify[4], 0.0)
+    assert auto.cost(4) == pytest.approx(curve.draft[4] + 1.2 * curve.verify[4], rel=0.02)
+
+
 def _finished_run(curve: CostCurve, kept: bool, steps: int = 40) -> None:
     """One run of the process (digest "pair") that saw every candidate kept, or every one rejected."""
     auto = _controller(curve, warm=False)
@@ -407,8 +422,8 @@ def test_a_step_the_stop_cut_is_predicted_from_its_drafted_confidences():
     auto.observe(K_MAX, proposed, 2, 3, curve.draft[proposed], curve.verify[proposed], 0.0)
     tokens, seconds = auto._prediction
     assert tokens == pytest.approx(expected)
-    assert seconds == pytest.approx(curve.draft[proposed] * auto.draft_scale
-                                    + curve.verify[proposed] * auto.verify_scale, rel=0.2)
+    assert seconds == pytest.approx((curve.draft[proposed] * auto.draft_scale + curve.verify[proposed])
+                                    * auto.verify_scale, rel=0.2)
     assert seconds < auto.cost(K_MAX) * 0.8
 
 

@@ -33,7 +33,11 @@ A run starts by learning: before ``WARMUP_JUDGED`` candidates have been judged, 
 predicted extra cost over plain steps stays under ``WARMUP_SHARE`` of the run's plain decoding
 (max_new_tokens plain steps): a 0.5B draft for a 1.5B target, at 0.37 of a step, gets 4 such steps in
 a 128-token run. Without it one rejection in the first step sent that pair plain for 32 steps, on text
-where fixed K = 2 ran 1.24x faster than plain decoding.
+where fixed K = 2 ran 1.24x faster than plain decoding. The warm-up is paid once per process: a run
+after others of the same target and drafter (same cost key) starts from their pooled acceptance, as
+``EARLIER_RUNS`` judged candidates (``_LEARNED``). A drafter that could not beat plain decoding by
+``MARGIN`` even if every candidate were kept (K + 1 tokens a step: a draft pass costing about a target
+step) neither warms up nor probes: no acceptance it could find would make it speculate.
 
 Draft-side stop (drafters with a distribution): after each drafted token the drafter asks whether to
 go on. The controller keeps the acceptance rate of drafted tokens by the draft's confidence (the
@@ -495,7 +499,10 @@ class AutoK:
         self.calibration_seconds = 0.0
         self._digest: str | None = None  # the cost key's: names what earlier runs learned
         self.prior_runs_rate: float | None = None  # the pooled acceptance earlier runs left (None: none)
-        self.verify_scale = self.draft_scale = 1.0  # what the run's steps take relative to the measured curve
+        # What the run's steps take relative to the measured curve: verification (every step, plain ones
+        # too: the machine's drift), and drafting relative to that (a run that is mostly plain drafts
+        # rarely, and its drafts slow down with the machine as the target's passes do).
+        self.verify_scale = self.draft_scale = 1.0
         # predicted and measured, summed over steps (plain-step seconds are the yardstick)
         self.predicted_plain_seconds = self.predicted_seconds = 0.0
         self.committed_plain_seconds = self.actual_seconds = 0.0
@@ -553,7 +560,7 @@ class AutoK:
         """Seconds of a step with k candidates, at ``context`` cached positions (default: the run's now)."""
         curve = self.curve
         rows = curve.verify_at(k + 1, len(self._tokens) - 1 if context is None else context)
-        return curve.draft[k] * self.draft_scale + rows * self.verify_scale + curve.overhead
+        return (curve.draft[k] * self.draft_scale + rows) * self.verify_scale + curve.overhead
 
     def asking(self, k_max: int = K_MAX) -> list[float]:
         """Expected seconds of a step that asks for k = 0..k_max candidates and gets some: priced at the
@@ -663,7 +670,9 @@ class AutoK:
             return True
         self._reach *= self.acceptance.by_confidence(confidence)
         curve = self.curve
-        extra_seconds = (curve.draft[k + 1] - curve.draft[k]) + (self._verify(k + 2) - self._verify(k + 1))
+        # seconds as ``cost`` prices them (``_rate`` is tokens per such second)
+        extra_seconds = ((curve.draft[k + 1] - curve.draft[k]) * self.draft_scale
+                         + self._verify(k + 2) - self._verify(k + 1)) * self.verify_scale
         go_on = self._reach * self._alphas[k] > extra_seconds * self._rate
         self._stopped = not go_on
         return go_on
@@ -709,12 +718,15 @@ class AutoK:
         self.committed_plain_seconds += plain * committed
         self.actual_seconds += draft_seconds + verify_seconds + other_seconds
         # Track drift (a longer context, a busier machine) with one factor per curve: the measured shape
-        # is kept, so a K rarely run is never judged by stale or noisy numbers of its own.
+        # is kept, so a K rarely run is never judged by stale or noisy numbers of its own. The draft's
+        # factor is relative to verification's: where drafts are rare (a run mostly plain), they are priced
+        # at the machine's drift, not at the calibration's moment (layer skip drafting 0.95 of a step,
+        # priced so on a machine then 10% slower, looked as if it paid, and ran 19 steps at 0.86x).
         rows = proposed + 1
         if rows <= CURVE_ROWS:
             self.verify_scale = _drift(self.verify_scale, verify_seconds / curve.verify_at(rows, self._step_context))
         if 0 < proposed <= K_MAX and curve.draft[proposed] > 0:
-            self.draft_scale = _drift(self.draft_scale, draft_seconds / curve.draft[proposed])
+            self.draft_scale = _drift(self.draft_scale, draft_seconds / (curve.draft[proposed] * self.verify_scale))
         curve.overhead = other_seconds if self.steps == 1 else 0.9 * curve.overhead + 0.1 * other_seconds
 
     def report(self) -> dict[str, Any]:
