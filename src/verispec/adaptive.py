@@ -576,11 +576,12 @@ class AutoK:
         """The chance that a step asking for candidates gets any (1 for drafters that always propose)."""
         return (self.answered + PRIOR_WEIGHT) / (self.asked + PRIOR_WEIGHT)
 
-    def rates(self, budget: int = K_MAX) -> list[float]:
+    def rates(self, budget: int = K_MAX, seconds: list[float] | None = None) -> list[float]:
         """Predicted committed tokens per second for K = 0..min(K_MAX, budget), for a step whose drafter
-        proposes (a step asking for candidates and getting none is a plain step: K = 0's rate)."""
+        proposes (a step asking for candidates and getting none is a plain step: K = 0's rate);
+        ``seconds``: ``asking``'s prices for those K, when the caller has them."""
         self._alphas = self.acceptance.alphas()
-        return self._rates(self._alphas, self.asking(min(K_MAX, budget)))
+        return self._rates(self._alphas, self.asking(min(K_MAX, budget)) if seconds is None else seconds)
 
     @staticmethod
     def _rates(alphas: list[float], seconds: list[float]) -> list[float]:
@@ -597,8 +598,7 @@ class AutoK:
             self._prediction = (1.0, self.cost(0))
             return 0
         seconds = self.asking(min(K_MAX, budget))  # [K+1] a step asking for K = 0.. (computed once a step)
-        self._alphas = self.acceptance.alphas()
-        rates = self._rates(self._alphas, seconds)
+        rates = self.rates(budget, seconds)
         best = max(range(1, len(rates)), key=rates.__getitem__)
         extra = seconds[best] - seconds[0]  # what asking for the best K costs over a plain step
         # With the draft-side stop the proposal's length follows the draft's confidence, up to K_MAX: what
