@@ -56,18 +56,20 @@ def record_prompt(model: Any, drafter: Any, ids: list[int], max_new: int, curve:
             curve.append(adaptive.cost_curve(model, drafter, context)[0])
         confidences: list[float] = []
         context.keep_drafting = lambda c: confidences.append(c) or True
-        proposals, confs = [], []
+        proposals, confs, rated = [], [], []  # rated: a proposal's own ratings (Proposal.confidence)
         while len(tokens) - len(ids) < max_new:
             n = len(tokens)
             confidences.clear()
             proposal = drafter.propose(context, adaptive.K_MAX)
             proposals.append(proposal.tokens.tolist())
             confs.append(list(confidences))
+            rated.append(list(proposal.confidence or []))
             cache.rollback(n - 1)
             drafter.accepted(0)
             logits = model.forward(torch.tensor([tokens[-1]]), cache, n - 1)
             tokens.append(int(logits[-1].argmax()))
-    return {"prompt_len": len(ids), "output": tokens[len(ids):], "proposals": proposals, "confidences": confs}
+    return {"prompt_len": len(ids), "output": tokens[len(ids):], "proposals": proposals, "confidences": confs,
+            "rated": rated}
 
 
 def replay(rec: dict[str, Any], curve: adaptive.CostCurve, k: int | str) -> dict[str, Any]:
@@ -96,6 +98,9 @@ def replay(rec: dict[str, Any], curve: adaptive.CostCurve, k: int | str) -> dict
                 proposed = i + 1
                 if not auto.keep_drafting(confs[i]):
                     break
+        rated = rec.get("rated", [])
+        if auto is not None and auto.wants_confidence and ask and rated and rated[committed - 1]:
+            proposed = auto.cut(rated[committed - 1][:proposed])  # as the decoding loop does
         accepted = 0
         while accepted < proposed and proposal[accepted] == out[committed + accepted]:
             accepted += 1

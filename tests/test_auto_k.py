@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -29,6 +30,7 @@ def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(adaptive, "_MEASURED", {})
     monkeypatch.setattr(adaptive, "_LEARNED", {})
+    monkeypatch.setattr(adaptive, "_ROW_COSTS", {})
 
 
 def _curve(verify_per_row: float = 0.02, draft_per_token: float = 0.2) -> CostCurve:
@@ -276,8 +278,8 @@ def test_the_draft_side_stop_learns_which_confidences_fail():
 def test_with_the_stop_a_confident_draft_runs_past_the_best_fixed_k():
     """Once the drafter reports its confidence, a speculative step asks for up to K_MAX candidates and
     the draft-side stop sets the length, priced at the best fixed K's rate: confident tokens run past
-    that K, a doubtful one ends the proposal. Control: a drafter that never reports confidence (prompt
-    lookup) gets the best fixed K itself."""
+    that K, a doubtful one ends the proposal. Control: a drafter that never reports confidence gets the
+    best fixed K itself."""
     curve = _curve(draft_per_token=0.3)
     for first_confidence, expect_stop_steps in ((None, False), (0.99, True)):
         auto = _controller(curve)
@@ -427,6 +429,102 @@ def test_a_step_the_stop_cut_is_predicted_from_its_drafted_confidences():
     assert seconds < auto.cost(K_MAX) * 0.8
 
 
+def _rated_controller(verify_per_row: float, draft_per_token: float = 0.0) -> AutoK:
+    """A controller that has learned: candidates rated 0.5 are rejected, those rated 0.9 kept."""
+    auto = _controller(_curve(verify_per_row=verify_per_row, draft_per_token=draft_per_token))
+    for _ in range(60):
+        auto.acceptance.observe(3, 2, confidence=[0.9, 0.9, 0.5])
+    return auto
+
+
+def test_the_cut_verifies_the_rated_candidates_that_pay():
+    """A proposal known whole and rated (prompt lookup's) is cut before the first candidate whose expected
+    tokens (P(it and all before it kept)) do not pay for its verified row: a doubtful candidate ends it,
+    and a doubtful first one makes the step plain. Control: where a row costs nothing every candidate
+    is kept, the doubtful ones too."""
+    auto = _rated_controller(verify_per_row=0.3)
+    auto.choose(budget=100)
+    assert auto.cut([0.9, 0.9, 0.5, 0.9]) == 2
+    assert auto.cut([0.9] * 4) == 4
+    assert auto.cut([0.5, 0.9, 0.9]) == 0
+    assert (auto.candidates_cut, auto.cut_to_plain) == (2 + 0 + 3, 1)
+    assert auto.report()["candidates_cut"] == 5 and auto.report()["cut_to_plain"] == 1
+    free = _rated_controller(verify_per_row=0.0)
+    free.choose(budget=100)
+    assert free.cut([0.9, 0.9, 0.5, 0.9]) == 4 and free.cut([0.5, 0.9, 0.9]) == 3
+
+
+def test_a_cheap_rated_drafter_asks_every_step():
+    """Rated proposals are cut to what pays, so asking loses at most the draft's seconds: a drafter whose
+    proposal costs within MARGIN of a plain step asks on every step, K_MAX candidates, even where its
+    acceptance by position says no fixed K pays (well-matched proposals among poor ones). Control: a
+    drafter costing 0.1 of a step (over MARGIN) runs plain steps there."""
+    for draft_cost, always in ((0.002, True), (0.1 / K_MAX, False)):
+        auto = _controller(_curve(verify_per_row=0.3, draft_per_token=draft_cost))
+        for _ in range(60):
+            auto.acceptance.observe(3, 0, confidence=[0.5])  # poor proposals: no fixed K pays
+        auto.choose(budget=100)
+        assert auto.cut([0.5, 0.5]) == 0  # a rated proposal seen (in a warm-up step, say), cut to nothing
+        auto.observe(2, 0, 0, 1, draft_cost * 2, 1.0, 0.0)
+        ks = []
+        for _ in range(30):
+            k = auto.choose(budget=100)
+            ks.append(k)
+            kept = auto.cut([0.5, 0.5]) if k else 0
+            auto.observe(k, kept, 0, 1, draft_cost * k, 1.0 + 0.3 * kept, 0.0)
+        assert all(k == K_MAX for k in ks) is always, ks
+        assert (0 in ks) is not always
+
+
+def _passes(auto: AutoK, extra_per_row: float, level: float = 1.0, steps: int = 300) -> None:
+    """Feed ``auto`` passes of 1-6 rows that take ``level`` x (the curve's price + ``extra_per_row`` per row
+    beyond the first), with +-5% noise."""
+    import random
+
+    chance = random.Random(0)
+    for _ in range(steps):
+        rows = chance.choice([1, 1, 2, 3, 4, 6])
+        took = level * (auto.curve.verify_at(rows, 0) + extra_per_row * (rows - 1)) * (1 + 0.05 * chance.gauss(0, 1))
+        auto.choose(budget=100)
+        auto.observe(rows - 1, rows - 1, 0, 1, 0.0, took, 0.0)
+
+
+def test_the_run_learns_what_a_verified_row_costs():
+    """Passes of more rows take 0.1 step per row beyond the curve's price (the calibration's fastest moment
+    flattered them): the controller learns that per-row extra from its own passes and prices each
+    further row with it, the level staying verify_scale's. Controls: passes as the curve says teach
+    no extra; every pass 1.5x slower is drift (verify_scale), not a per-row cost."""
+    curve = _curve(verify_per_row=0.05)
+    learns = _controller(curve)
+    _passes(learns, extra_per_row=0.1)
+    assert 0.07 < learns.row_cost.extra < 0.12, learns.row_cost.extra
+    assert learns._price(5, 0) - learns._price(4, 0) == pytest.approx(0.05 + learns.row_cost.extra)
+    assert learns.cost(4) - learns.cost(3) == pytest.approx(
+        ((curve.draft[4] - curve.draft[3]) * learns.draft_scale + 0.05 + learns.row_cost.extra) * learns.verify_scale)
+    assert learns.report()["cost_curve"]["row_extra_seconds"] == pytest.approx(learns.row_cost.extra, abs=1e-6)
+    flat = _controller(_curve(verify_per_row=0.05))
+    _passes(flat, extra_per_row=0.0)
+    assert abs(flat.row_cost.extra) < 0.01
+    slower = _controller(_curve(verify_per_row=0.05))
+    _passes(slower, extra_per_row=0.0, level=1.5)
+    assert abs(slower.row_cost.extra) < 0.015 and slower.verify_scale == pytest.approx(1.5, rel=0.1)
+
+
+def test_a_run_starts_from_the_row_cost_earlier_runs_found():
+    """What a process's earlier run learned of a row's cost starts the next run of that target and drafter
+    (at half its weight). Control: another target and drafter (another key) starts from nothing."""
+    first = _controller(_curve(verify_per_row=0.05))
+    first._digest = "same"
+    _passes(first, extra_per_row=0.1)
+    first.finish()
+    again, other = AutoK(), AutoK()
+    again._digest, other._digest = "same", "other"
+    again._start_from_earlier_runs()
+    other._start_from_earlier_runs()
+    assert again.row_cost.extra == pytest.approx(first.row_cost.extra) and other.row_cost.extra == 0.0
+    assert again.row_cost.sums[0] == pytest.approx(first.row_cost.sums[0] / 2)
+
+
 def test_the_draft_curve_is_a_line_one_slow_point_does_not_bend():
     """A proposal costs a fixed part plus one draft step per candidate; the measured points are fitted
     as that line robustly, so one slow measurement (K = 4 here) changes neither the slope the stop
@@ -458,14 +556,14 @@ class RedrawsTheCutDraft(verispec.DraftModel):
 
 def _auto_law_test(monkeypatch, make, sampling: SamplingConfig):
     """Sample with k="auto" on a synthetic cost curve; half of the controller's choices (K and the
-    draft-side stop) are overridden at random, so every K from 0 to the budget and cuts at every
-    position occur. Returns the p-value and what the runs did."""
+    draft-side stop, and the cut of rated proposals) are overridden at random, so every K from 0 to the
+    budget and cuts at every position occur. Returns the p-value and what the runs did."""
     import random
 
     monkeypatch.setattr(adaptive, "cost_curve", lambda *a: (_curve(verify_per_row=0.05, draft_per_token=0.12), False, "synthetic"))
     chance = random.Random(0)
     seen = {"k": set(), "cut": set(), "deep": 0}
-    choose, keep, observe = AutoK.choose, AutoK.keep_drafting, AutoK.observe
+    choose, keep, cut, observe = AutoK.choose, AutoK.keep_drafting, AutoK.cut, AutoK.observe
 
     def random_choose(self, budget):
         k = choose(self, budget)
@@ -482,8 +580,13 @@ def _auto_law_test(monkeypatch, make, sampling: SamplingConfig):
         seen["deep"] += accepted >= 2
         return observe(self, asked, proposed, accepted, *rest)
 
+    def random_cut(self, confidence):
+        keep = cut(self, confidence)
+        return chance.randint(0, len(confidence)) if chance.random() < 0.5 else keep
+
     monkeypatch.setattr(AutoK, "choose", random_choose)
     monkeypatch.setattr(AutoK, "keep_drafting", random_keep)
+    monkeypatch.setattr(AutoK, "cut", random_cut)
     monkeypatch.setattr(AutoK, "observe", watch)
     target = _target()
     counts, _ = sample_with_exercise(target, make, sampling, N_SAMPLES)
@@ -496,6 +599,44 @@ def test_auto_k_preserves_the_target_distribution(monkeypatch):
     # K took every value the budget allows; proposals were cut after 1, 2 and 3 candidates
     assert seen["k"] == set(range(LENGTH - 1)) and seen["cut"] >= {1, 2, 3} and seen["deep"] > 0, seen
     assert pvalue >= ALPHA, f"k='auto' departs from the target's law (p = {pvalue:.2e})"
+
+
+class RatedDraft(verispec.DraftModel):
+    """A draft model whose proposals come rated (each candidate by q of it), as prompt lookup's do: the
+    decoding loop cuts them (``AutoK.cut``), after the draft-side stop has had its say."""
+
+    def propose(self, context, k):
+        proposal = super().propose(context, k)
+        rated = [float(q[t]) for q, t in zip(proposal.probs, proposal.tokens.tolist())] if proposal.probs is not None else None
+        return dataclasses.replace(proposal, confidence=rated)
+
+
+def test_cut_proposals_keep_the_target_distribution(monkeypatch):
+    """Rated proposals cut at every position keep the target's law: the tokens kept and their q agree."""
+    draft = TableModel(vocab=VOCAB, seed=99, sharpness=1.5)
+    pvalue, seen = _auto_law_test(monkeypatch, lambda: RatedDraft(draft, k="auto"), SamplingConfig(1.0))
+    assert seen["cut"] >= {1, 2, 3} and seen["deep"] > 0, seen
+    assert pvalue >= ALPHA, f"cutting rated proposals departs from the target's law (p = {pvalue:.2e})"
+
+
+def test_cut_negative_control_is_detected(monkeypatch):
+    """Negative control, wrong only at later positions of a proposal through the cut: each kept candidate
+    after the first is paired with the q of the one before it (an off-by-one in the cut)."""
+    prefix = verispec.Proposal.prefix
+
+    def off_by_one(self, n):
+        out = prefix(self, n)
+        if n >= 2 and self.probs is not None:
+            probs = out.probs.clone()
+            probs[1:n] = self.probs[:n - 1]
+            out = dataclasses.replace(out, probs=probs)
+        return out
+
+    monkeypatch.setattr(verispec.Proposal, "prefix", off_by_one)
+    draft = TableModel(vocab=VOCAB, seed=99, sharpness=1.5)
+    pvalue, seen = _auto_law_test(monkeypatch, lambda: RatedDraft(draft, k="auto"), SamplingConfig(1.0))
+    assert seen["cut"] >= {2, 3}, seen
+    assert pvalue < ALPHA, f"a cut pairing later candidates with the wrong q went undetected (p = {pvalue:.3f})"
 
 
 def test_auto_k_negative_control_is_detected(monkeypatch):
@@ -529,6 +670,68 @@ def test_costs_are_measured_once_per_process():
                                     drafter=verispec.DraftModel(draft, k="auto")).stats
     assert run().calibration_seconds > 0
     assert run().calibration_seconds == 0
+
+
+def test_the_curve_prices_judging_every_row():
+    """The calibration times each verification with its rows judged as the loop judges them (at T = 0.7
+    the sampling transform over the vocabulary costs per row what a small model's pass barely shows):
+    a judge costing 2 ms a row makes every further row 2 ms dearer. Control: without the judge the
+    tiny model's extra rows cost next to nothing."""
+    import time as clock
+
+    target = tiny_model(vocab=16, seed=0, layers=1)
+    seen = []
+
+    def judge(drafts, probs, logits):
+        seen.append((drafts.numel(), logits.shape[0]))
+        clock.sleep(0.002 * logits.shape[0])
+
+    slopes = {}
+    for name, j in (("judged", judge), ("alone", None)):
+        context = _run_context(target, [1, 2, 3, 4])
+        curve = adaptive.measure(target, verispec.PromptLookup(ngram=1, k="auto"), context, j)
+        slopes[name] = (curve.verify[8] - curve.verify[0]) / 8
+    assert slopes["judged"] > 0.0018 and slopes["alone"] < 0.0008, slopes
+    assert {rows for _, rows in seen} == set(range(1, adaptive.CURVE_ROWS + 1))
+    assert all(drafts == rows - 1 for drafts, rows in seen)
+
+
+def _run_context(model, prompt):
+    """The loop's state after the prefill of ``prompt``: the context a drafter and the controller see."""
+    from verispec.drafters.base import DraftContext
+
+    cache = model.new_cache(len(prompt) + 40)
+    logits = model.forward(torch.tensor(prompt), cache, 0, last_only=True)
+    tokens = list(prompt) + [int(logits[-1].argmax())]
+    return DraftContext(tokens, model, cache, SamplingConfig(), torch.Generator().manual_seed(0))
+
+
+def test_judging_the_calibration_leaves_the_run_s_random_stream_alone(monkeypatch):
+    """The calibration judges its passes on a generator of its own: a sampled k="auto" run that never
+    speculates draws what plain sampling with its seed draws. Control: judging on the run's own
+    generator (the rejection sampling draws from it) changes the run's tokens."""
+    from verispec.decoding import Generation
+
+    target, draft = tiny_model(vocab=16, seed=0, layers=2), tiny_model(vocab=16, seed=1, layers=1)
+    monkeypatch.setattr(AutoK, "choose", lambda self, budget: 0)
+    sampling = SamplingConfig(1.0, seed=5)
+    run = lambda: verispec.generate(target, input_ids=[1, 2, 3], max_new_tokens=24, sampling=sampling,
+                                    drafter=verispec.DraftModel(draft, k="auto")).token_ids
+    plain = verispec.generate(target, input_ids=[1, 2, 3], max_new_tokens=24, sampling=sampling).token_ids
+    assert run() == plain
+    verify = Generation._verify
+    monkeypatch.setattr(adaptive, "_MEASURED", {})
+    monkeypatch.setenv("VERISPEC_CACHE", str(adaptive.cache_dir() / "fresh"))
+    monkeypatch.setattr(Generation, "_verify", lambda self, d, q, logits, generator=None: verify(self, d, q, logits))
+    assert run() != plain
+
+
+def test_greedy_and_sampled_judging_are_priced_apart():
+    """Greedy judging is an argmax, sampled judging the transform over the vocabulary (top-k and top-p add
+    a selection or a sort): each has its own cost curve."""
+    kinds = {adaptive.judging(s) for s in (SamplingConfig(), SamplingConfig(0.7), SamplingConfig(0.7, top_k=20),
+                                           SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=5, top_p=0.5))}
+    assert kinds == {"greedy", "sampled", "sampled+top_k", "sampled+top_p", "sampled+top_k+top_p"}
 
 
 # ---------------------------------------------------------------- the cache and bad input

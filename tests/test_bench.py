@@ -32,7 +32,7 @@ RECORD_SCHEMA = {
     "wall_seconds": NUMBER, "prefill_seconds": NUMBER, "first_token_seconds": NUMBER,
     "draft_seconds": OPTIONAL_NUMBER, "verify_seconds": OPTIONAL_NUMBER, "k_histogram": (dict, type(None)),
     "calibration_seconds": OPTIONAL_NUMBER, "plain_steps": (int, type(None)), "probes": (int, type(None)), "warmup_steps": (int, type(None)),
-    "prior_acceptance": OPTIONAL_NUMBER,
+    "prior_acceptance": OPTIONAL_NUMBER, "candidates_cut": (int, type(None)), "cut_to_plain": (int, type(None)),
     "cost_curve": (dict, type(None)), "acceptance_estimates": (list, type(None)),
     "predicted_speedup": OPTIONAL_NUMBER, "measured_speedup": OPTIONAL_NUMBER,
     # GenerationStats derived metrics

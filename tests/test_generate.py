@@ -80,6 +80,52 @@ def test_prompt_lookup_finds_latest_match():
     assert lookup([1, 2, 3], ngram=2, k=3) == []
 
 
+def test_prompt_lookup_index_proposes_what_the_scan_finds():
+    """The n-gram index (what PromptLookup proposes from) gives the scan's tokens and match lengths on
+    growing random texts, small vocabularies making many matches; a new or shorter text is indexed
+    afresh. Control: an index that never forgets a text proposes from the old one."""
+    import random
+
+    from verispec.drafters.prompt_lookup import NgramIndex, match
+
+    chance = random.Random(1)
+    for _ in range(200):
+        vocab, ngram = chance.choice([2, 3, 5, 20]), chance.choice([1, 2, 3, 4])
+        tokens = [chance.randrange(vocab) for _ in range(chance.randrange(1, 5))]
+        index = NgramIndex(ngram)
+        for _ in range(40):
+            k = chance.randrange(1, 9)
+            assert index.match(tokens, k) == match(tokens, ngram, k), (tokens, ngram, k)
+            tokens.extend(chance.randrange(vocab) for _ in range(chance.randrange(1, 4)))
+    index = NgramIndex(2)
+    assert index.match([1, 2, 7, 1, 2], 3) == ([7, 1, 2], 2)
+    assert index.match([5, 6, 9, 5, 6], 3) == ([9, 5, 6], 2)  # another text (another list): indexed afresh
+    stale = NgramIndex(2)
+    stale.match([1, 2, 7, 7, 1, 2], 3)
+    stale.tokens = other = [5, 1, 2, 8, 1, 2]  # as if it took the new text for the old one
+    assert stale.match(other, 3) != match(other, 2, 3)
+
+
+def test_prompt_lookup_rates_candidates_by_the_match_behind_them():
+    """Each candidate's confidence is m / (m + 1) for the m tokens matched before it: the n-gram counted
+    back as far as the earlier text agrees, plus the candidates before it."""
+    from verispec.drafters.prompt_lookup import match, match_confidence
+
+    text = [7, 1, 2, 3, 4, 5, 7, 1, 2, 3]  # "7 1 2 3" matches back 4 tokens (n-gram 3 + one more)
+    assert match(text, 3, 2) == ([4, 5], 4)
+    proposal = verispec.PromptLookup(ngram=3, k=2).propose(_context(text), 2)
+    assert proposal.tokens.tolist() == [4, 5]
+    assert proposal.confidence == [match_confidence(4), match_confidence(5)] == [0.8, 5 / 6]
+    assert match([9, 2, 3, 8, 2, 3], 3, 2) == ([8, 2], 2)  # "2 3": only the 2-gram agrees
+    assert verispec.PromptLookup(ngram=3, k=2).propose(_context([1, 2, 3]), 2).confidence == []
+
+
+def _context(tokens):
+    from verispec.drafters.base import DraftContext
+
+    return DraftContext(list(tokens), None, None, verispec.SamplingConfig(), torch.Generator())
+
+
 def test_loading_errors_are_clear(tmp_path):
     with pytest.raises(VerispecError, match="no model at"):
         load_model(str(tmp_path / "missing"))

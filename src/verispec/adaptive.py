@@ -53,6 +53,17 @@ plain decoding with the better of the best fixed K's predicted rate and what the
 lately; a stop step's prediction is made from the proposal as drafted (the acceptance by each
 candidate's confidence), priced at the rows it holds.
 
+Rated proposals (``cut``): a drafter whose proposal comes whole at next to no cost per candidate rates
+each candidate (``Proposal.confidence``; prompt lookup: the length of the match behind it). A step asks
+for K_MAX and the controller verifies the longest prefix whose every candidate is expected to add more
+tokens (P(it and every one before it kept), from the acceptance by rating, learned as the draft's
+confidence is) than its verified row's seconds buy at the yardstick rate; 0 makes it a plain step.
+Asking then loses at most the drafter's own seconds, so while those are within MARGIN of a plain step
+every step asks: plain stretches (decided on the acceptance by position, which poor matches drag down)
+missed the well-matched proposals among poor ones. Replayed on SmolLM2-135M's 28 greedy prompts
+(``benchmarks/auto_k_replay.py``): modelled 1.30x on the mix against the best fixed K's 1.25x, where
+the cost model choosing K alone made 1.24x.
+
 The draft curve is fitted as a line (a fixed part plus one draft step per candidate, ``draft_line``):
 the stop prices each further candidate by the difference of neighbouring points, which one noisy
 measurement would make wrong.
@@ -75,7 +86,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -85,6 +96,9 @@ from verispec.machine import cpu_flags_digest, cpu_name
 from verispec.paths import cache_dir
 
 log = logging.getLogger(__name__)
+
+# Judges a verification pass as the decoding loop does: (candidates [K], their q [K, vocab] or None, logits [K+1, vocab]).
+Judge = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor], Any]
 
 AUTO = "auto"
 MODES = ("both", "cost", "confidence")
@@ -98,11 +112,13 @@ WARMUP_JUDGED = 8  # a run speculates until this many candidates were judged ...
 WARMUP_SHARE = 0.015  # ... unless that would cost more than this share of its plain decoding
 EARLIER_RUNS = 8.0  # earlier runs' acceptance starts a run as this many judged candidates at most
 ROUNDS = 4  # measurements per point of the cost curve (the fastest counts), after one untimed round
+ROW_DECAY = 0.99  # per-pass forgetting of what verified rows cost (a window of ~100 passes)
+ROW_PRIOR = 4.0  # how hard the per-row extra leans on 0 (see RowCost)
 DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20 steps)
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
 BINS = 10  # draft-confidence bins
-CACHE_VERSION = 4  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line; 4: an untimed first round
+CACHE_VERSION = 5  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line; 4: an untimed first round; 5: verification judged as the loop does
 
 
 def parse_k(value: Any, what: str = "k (candidate length)") -> int | str:
@@ -178,16 +194,25 @@ def _model_key(model: Any) -> dict[str, Any]:
             "vocab": config.vocab_size}
 
 
-def cost_key(model: Any, drafter: Any, greedy: bool) -> dict[str, Any]:
+def cost_key(model: Any, drafter: Any, sampling: Any) -> dict[str, Any]:
     settings = {key: value for key, value in drafter.settings().items() if key != "k"}
     return {"machine": machine(), "target": _model_key(model), "drafter": type(drafter).__name__,
-            "settings": json.loads(json.dumps(settings, default=str)), "greedy": greedy}
+            "settings": json.loads(json.dumps(settings, default=str)), "judging": judging(sampling)}
+
+
+def judging(sampling: Any) -> str:
+    """What judging a verified row costs depends on: an argmax, or the sampling transform over the
+    vocabulary (top-k and top-p add a selection or a sort)."""
+    if sampling.greedy:
+        return "greedy"
+    return "sampled" + ("+top_k" if sampling.top_k else "") + ("+top_p" if sampling.top_p < 1 else "")
 
 
 _MEASURED: dict[str, CostCurve] = {}  # this process's measurements, by key digest
 # What this process's earlier runs of a target and drafter found, by the same digest: their pooled
 # acceptance as (kept, judged) candidate counts, each run's (decayed) counts added to half the earlier ones.
 _LEARNED: dict[str, tuple[float, float]] = {}
+_ROW_COSTS: dict[str, "RowCost"] = {}  # ... and what their passes showed a verified row to cost (``RowCost``)
 
 
 def _cache_file(digest: str) -> Path:
@@ -233,26 +258,31 @@ def _digest(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
 
 
-def cost_curve(model: Any, drafter: Any, context: Any) -> tuple[CostCurve, bool, str]:
+def cost_curve(model: Any, drafter: Any, context: Any, judge: Judge | None = None) -> tuple[CostCurve, bool, str]:
     """The costs for this target and drafter (a copy the run may refine), whether they were measured
     now (from this process, else the disk cache, else measured), and the key's digest."""
-    key = cost_key(model, drafter, context.sampling.greedy)
+    key = cost_key(model, drafter, context.sampling)
     digest = _digest(key)
     curve = _MEASURED.get(digest) or _read_cached(key, digest)
     measured = curve is None
     if measured:
-        curve = measure(model, drafter, context)
+        curve = measure(model, drafter, context, judge)
         curve.measured_at = f"{key['machine']['cpu']}, {key['machine']['threads']} threads, torch {torch.__version__}"
         _write_cached(key, digest, curve)
     _MEASURED[digest] = curve
     return dataclasses.replace(curve, verify=list(curve.verify), draft=list(curve.draft)), measured, digest
 
 
-def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
+def measure(model: Any, drafter: Any, context: Any, judge: Judge | None = None) -> CostCurve:
     """Time real steps without committing anything: for K = 0..K_MAX a proposal and its verification
     through the drafter (best of ROUNDS, interleaved), then plain passes over M = K_MAX+2..CURVE_ROWS positions. The
     caches are rolled back after each, and the drafter draws from its own generator, so the run's
     random stream (and therefore its output for a seed) is the same whether or not this runs.
+
+    A verification's time includes judging its rows as the loop does (``judge``: the acceptance rule on
+    the logits, through the sampling transform): at T = 0.7 on SmolLM2's 49,152-token vocabulary that
+    adds 0.14 ms a row (9 rows: 1.3 ms against 0.19 for one, on a 7-9 ms step), a cost the pass alone
+    does not show and one factor for every row count cannot follow.
 
     One untimed round goes first: the first pass over each row count sets up what later ones reuse
     (buffers, kernel state), and right after a model loads the machine is slow for a while. Without it
@@ -277,10 +307,10 @@ def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
                 t1 = time.perf_counter()
                 drafted = proposal.tokens.tolist() if proposal is not None else []
                 inputs = torch.tensor([last] + drafted + [last] * (k - len(drafted)))  # [k+1]
-                if k:
-                    drafter.target_logits(probe, inputs)
-                else:
-                    model.forward(inputs, cache, n - 1)
+                logits = drafter.target_logits(probe, inputs) if k else model.forward(inputs, cache, n - 1)
+                if judge is not None:
+                    probs = proposal.probs if proposal is not None and len(drafted) == k else None
+                    judge(inputs[1:], probs, logits)
                 t2 = time.perf_counter()
                 cache.rollback(n - 1)
                 if k:
@@ -289,7 +319,10 @@ def measure(model: Any, drafter: Any, context: Any) -> CostCurve:
                     draft[k], verify[k] = min(draft[k], t1 - t0), min(verify[k], t2 - t1)
             for m in range(K_MAX + 2, min(CURVE_ROWS, room) + 1):
                 t0 = time.perf_counter()
-                model.forward(torch.tensor([last] * m), cache, n - 1)
+                inputs = torch.tensor([last] * m)
+                logits = model.forward(inputs, cache, n - 1)
+                if judge is not None:
+                    judge(inputs[1:], None, logits)
                 if timed:
                     verify[m - 1] = min(verify[m - 1], time.perf_counter() - t0)
                 cache.rollback(n - 1)
@@ -451,6 +484,47 @@ class ProposalLengths:
         return out
 
 
+class RowCost:
+    """What a verified row beyond the first costs over the measured curve's price, from the run's own
+    passes: the slope of (observed - curve price), in the curve's seconds, against the rows beyond the
+    first, by weighted least squares that forget (``ROW_DECAY`` a pass) and lean on 0 (``ROW_PRIOR``
+    1-row passes' worth of evidence at every row count). The level is ``verify_scale``'s: an offset
+    common to every row count goes into the intercept, not the slope.
+
+    The calibration takes the fastest of a few passes per row count, on the prompt's context, at one
+    moment; the run's passes are its own. On SmolLM2-135M (int8, prompt lookup, greedy) passes of 3-7
+    rows took 5-10% more than the curve scaled to the run's 1-row passes (0.2-0.3 ms a row); the cut
+    and the draft-side stop, which price one more row, then verified rows that did not pay.
+    """
+
+    def __init__(self) -> None:
+        self.sums = [0.0] * 5  # weight, sum x, sum x^2, sum r, sum x r (x: rows beyond the first; r: residual)
+        self.extra = 0.0
+
+    def observe(self, rows: int, observed: float, price: float, one_row: float) -> None:
+        """A pass over ``rows`` positions took ``observed`` (in curve seconds, after the level) where the
+        curve says ``price``; ``one_row``: the curve's 1-row pass (bounds an outlier's pull)."""
+        if not (observed > 0 and price > 0):
+            return
+        observed = min(max(observed, 0.5 * price), 2.0 * price)  # a pause, or a lucky moment: bounded
+        x, r = float(rows - 1), observed - price
+        w = self.sums
+        w[:] = [ROW_DECAY * v for v in w]
+        for i, value in enumerate((1.0, x, x * x, r, x * r)):
+            w[i] += value
+        n, sx, sxx, sr, sxr = w
+        ridge = ROW_PRIOR * (sxx / n if n else 1.0) + 1e-12  # leaning on a slope of 0
+        slope = (n * sxr - sx * sr) / (n * sxx - sx * sx + n * ridge)
+        self.extra = max(-0.05 * one_row, min(one_row, slope))  # (the curve's own steps stay about level)
+
+    def halved(self) -> "RowCost":
+        """For the process's next run: this evidence at half its weight."""
+        out = RowCost()
+        out.sums = [0.5 * v for v in self.sums]
+        out.extra = self.extra
+        return out
+
+
 def _drift(scale: float, ratio: float) -> float:
     """One step's observed/curve time ratio folded into ``scale`` (an average in log space; one
     observation moves it at most 2x, so a pause in the process does not reprice every K)."""
@@ -488,6 +562,7 @@ class AutoK:
         self.lengths = ProposalLengths()
         self.steps = 0
         self.plain_steps = self.probes = self.warmup_steps = 0
+        self.candidates_cut = self.cut_to_plain = 0  # by ``cut``: candidates dropped, steps made plain
         self.judged = 0  # candidates judged in this run (not decayed): the warm-up's evidence
         self._warmup_budget: float | None = None  # seconds the warm-up may cost over plain steps
         self.since_speculation = 0  # plain steps in a row
@@ -503,6 +578,7 @@ class AutoK:
         # too: the machine's drift), and drafting relative to that (a run that is mostly plain drafts
         # rarely, and its drafts slow down with the machine as the target's passes do).
         self.verify_scale = self.draft_scale = 1.0
+        self.row_cost = RowCost()  # what a verified row beyond the first costs over the curve's price
         # predicted and measured, summed over steps (plain-step seconds are the yardstick)
         self.predicted_plain_seconds = self.predicted_seconds = 0.0
         self.committed_plain_seconds = self.actual_seconds = 0.0
@@ -515,15 +591,18 @@ class AutoK:
         self._confidence: list[float] = []
         self._stopped = False  # the draft-side stop ended this proposal
         self._confidence_seen = False  # the drafter reports its confidence (the stop can work)
+        self._rated = False  # ... for whole proposals at once (``cut``): a longer ask costs it nothing
         self._stop_step = False  # the current step's length is the draft-side stop's
         self._stop_tokens = self._stop_seconds = 0.0  # such steps' predicted tokens and seconds, decayed
         self._alphas = self.acceptance.alphas()
 
-    def start(self, model: Any, drafter: Any, context: Any) -> None:
+    def start(self, model: Any, drafter: Any, context: Any, judge: Judge | None = None) -> None:
+        """Before the run's first step: the cost curve (measured now, ``judge`` judging each timed pass as
+        the loop does, or from the caches) and what earlier runs learned."""
         self._tokens = context.tokens  # the run's committed tokens (the loop extends this list)
         began = time.perf_counter()
         try:
-            self.curve, measured, self._digest = cost_curve(model, drafter, context)
+            self.curve, measured, self._digest = cost_curve(model, drafter, context, judge)
             self.calibration_seconds = time.perf_counter() - began if measured else 0.0
             self._start_from_earlier_runs()
         except VerispecError:
@@ -537,6 +616,8 @@ class AutoK:
         acceptance, as up to EARLIER_RUNS judged candidates (a prior the run's own steps soon outweigh;
         it forgets like the pooled rate). With that much evidence the warm-up is not needed: a drafter
         known not to pay starts plain (and probes), one known to pay starts speculating."""
+        if self._digest in _ROW_COSTS:
+            self.row_cost = _ROW_COSTS[self._digest].halved()
         kept, judged = _LEARNED.get(self._digest, (0.0, 0.0))
         if judged <= 0:
             return
@@ -547,7 +628,10 @@ class AutoK:
 
     def finish(self) -> None:
         """The run has ended: leave its pooled acceptance for the process's next run (``start``)."""
-        if not self.active or self._digest is None or self.acceptance.pooled_judged <= 0:
+        if not self.active or self._digest is None:
+            return
+        _ROW_COSTS[self._digest] = self.row_cost
+        if self.acceptance.pooled_judged <= 0:
             return
         kept, judged = _LEARNED.get(self._digest, (0.0, 0.0))
         _LEARNED[self._digest] = (0.5 * kept + self.acceptance.pooled_kept, 0.5 * judged + self.acceptance.pooled_judged)
@@ -559,8 +643,13 @@ class AutoK:
     def cost(self, k: int, context: int | None = None) -> float:
         """Seconds of a step with k candidates, at ``context`` cached positions (default: the run's now)."""
         curve = self.curve
-        rows = curve.verify_at(k + 1, len(self._tokens) - 1 if context is None else context)
+        rows = self._price(k + 1, len(self._tokens) - 1 if context is None else context)
         return (curve.draft[k] * self.draft_scale + rows) * self.verify_scale + curve.overhead
+
+    def _price(self, rows: int, context: int) -> float:
+        """A pass over ``rows`` positions in the curve's seconds: the measured curve, and the extra per row
+        beyond the first that the run's (and the process's earlier runs') own passes show (``RowCost``)."""
+        return self.curve.verify_at(rows, context) + self.row_cost.extra * (rows - 1)
 
     def asking(self, k_max: int = K_MAX) -> list[float]:
         """Expected seconds of a step that asks for k = 0..k_max candidates and gets some: priced at the
@@ -568,8 +657,8 @@ class AutoK:
         return self.lengths.expected([self.cost(j) for j in range(k_max + 1)])
 
     def _verify(self, rows: int) -> float:
-        """The measured cost of a pass over ``rows`` positions at the run's current context."""
-        return self.curve.verify_at(rows, len(self._tokens) - 1)
+        """The cost of a pass over ``rows`` positions at the run's current context (curve seconds)."""
+        return self._price(rows, len(self._tokens) - 1)
 
     @property
     def proposes(self) -> float:
@@ -608,6 +697,12 @@ class AutoK:
         if self._warmup_budget is None:  # the first step: the run's plain decoding is ``budget`` steps
             self._warmup_budget = WARMUP_SHARE * budget * seconds[0]
         pays = spec_rate > rates[0] * (1 + MARGIN)
+        if stops and self._rated and not pays:
+            # ``cut`` verifies only the candidates predicted to pay, so asking loses at most the draft's
+            # seconds: where those are within MARGIN of a plain step, every step asks (a plain stretch
+            # would miss the well-matched proposals among poor ones: fixed K=4 ran 1.27x on a Spec-Bench
+            # mt_bench prompt where plain stretches with probes ran 1.09x, replayed).
+            pays = self.curve.draft[K_MAX] * self.draft_scale * self.verify_scale <= MARGIN * seconds[0]
         if self.mode == "confidence" or pays:
             k = best
         elif not self._could_pay(seconds):
@@ -627,7 +722,10 @@ class AutoK:
         self._prediction = (m * rates[k] * seconds[k] + (1 - m), m * seconds[k] + (1 - m) * seconds[0])
         # Only where speculating is predicted to pay: a warm-up step or a probe keeps the best fixed K's
         # length (cut by the stop), so a drafter that cannot pay never spends 8 draft steps finding out.
-        self._stop_step = bool(k) and (self.mode == "confidence" or (stops and pays))
+        # A drafter whose proposals come whole and rated (``cut``) drafts K_MAX at no extra cost, and a probe
+        # of it is such a step too: the cut keeps what its confidence says pays, and the step tells what
+        # they achieve now.
+        self._stop_step = bool(k) and (self.mode == "confidence" or (stops and (pays or self._rated)))
         if self._stop_step:
             k = len(rates) - 1  # the draft-side stop chooses the length (its prediction: see observe)
         self._reach, self._confidence, self._stopped = 1.0, [], False
@@ -677,6 +775,26 @@ class AutoK:
         self._stopped = not go_on
         return go_on
 
+    def cut(self, confidence: list[float]) -> int:
+        """How many candidates of a proposal known at once (prompt lookup's), each rated by ``confidence``,
+        are worth verifying: the longest prefix whose every candidate adds more expected tokens
+        (P(it and all before it kept), from the acceptance by confidence) than its verified row's seconds
+        buy at the yardstick rate (the stop's). 0 makes the step a plain one. Drafting is already paid,
+        so only rows count; the expected gain only falls along the proposal, so the first candidate
+        that does not pay ends it."""
+        self._confidence_seen = self._rated = True
+        reach, keep = 1.0, 0
+        for j, c in enumerate(confidence[:K_MAX]):
+            reach *= self.acceptance.by_confidence(c)
+            if reach <= (self._verify(j + 2) - self._verify(j + 1)) * self.verify_scale * self._rate:
+                break
+            keep = j + 1
+        self._confidence = list(confidence[:keep])
+        self._stopped = keep < len(confidence)
+        self.candidates_cut += len(confidence) - keep
+        self.cut_to_plain += keep == 0
+        return keep
+
     def observe(self, asked: int, proposed: int, accepted: int, committed: int, draft_seconds: float,
                 verify_seconds: float, other_seconds: float) -> None:
         """What the step did: ``asked`` candidates allowed, ``proposed`` drafted, ``accepted`` kept,
@@ -688,23 +806,32 @@ class AutoK:
         # ran out; a drafter with nothing to propose): that position counts as a rejection, unless the
         # draft-side stop chose to end it.
         chain_ended = accepted == proposed < asked and not self._stopped
-        if self._stop_step and proposed:
+        # Every step forgets (plain ones too, as the acceptance counts do): after a plain stretch a probe
+        # of the stop's steps outweighs what they achieved long ago.
+        self._stop_tokens *= DECAY
+        self._stop_seconds *= DECAY
+        if self._stop_step and (proposed or self._stopped):
             # The stop chose the length: predict the step from the proposal as drafted (the acceptance by
-            # each candidate's confidence, as the estimates stood), and price it at what it holds.
+            # each candidate's confidence, as the estimates stood), and price it at what it holds (a
+            # proposal ``cut`` to nothing: a plain step).
             kept = [self.acceptance.by_confidence(c) for c in self._confidence[:proposed]]
             self._prediction = (chain_tokens(kept, proposed)[-1], self.cost(proposed, self._step_context))
             # What such steps achieve, in the seconds they really took (self-correcting where the curve
             # prices a proposal too cheaply).
-            self._stop_tokens = DECAY * self._stop_tokens + committed
-            self._stop_seconds = DECAY * self._stop_seconds + draft_seconds + verify_seconds + other_seconds
+            self._stop_tokens += committed
+            self._stop_seconds += draft_seconds + verify_seconds + other_seconds
+        elif self._stop_step and asked and not proposed:  # nothing to propose: a plain step, predicted as one
+            self._prediction = (1.0, self.cost(0, self._step_context))
         if asked:
             self.asked = DECAY * self.asked + 1
-            self.answered = DECAY * self.answered + (proposed > 0)
+            self.answered = DECAY * self.answered + (proposed > 0 or self._stopped)  # cut to nothing: it proposed
             if proposed and not self._stop_step and not self._stopped:  # a stop's length says nothing of reach
                 self.lengths.observe(asked, proposed)
-        if proposed or not asked:  # nothing proposed although asked: a plain step, nothing was judged
+        if proposed or not asked:
             self.acceptance.observe(proposed + chain_ended, accepted, self._confidence or None)
             self.judged += min(proposed + chain_ended, accepted + 1)
+        else:  # nothing proposed although asked (or all cut): a plain step, nothing judged, time passed
+            self.acceptance.observe(0, 0)
         self.steps += 1
         if asked:
             self.since_speculation = 0
@@ -724,7 +851,9 @@ class AutoK:
         # priced so on a machine then 10% slower, looked as if it paid, and ran 19 steps at 0.86x).
         rows = proposed + 1
         if rows <= CURVE_ROWS:
-            self.verify_scale = _drift(self.verify_scale, verify_seconds / curve.verify_at(rows, self._step_context))
+            self.verify_scale = _drift(self.verify_scale, verify_seconds / self._price(rows, self._step_context))
+            self.row_cost.observe(rows, verify_seconds / self.verify_scale, curve.verify_at(rows, self._step_context),
+                                  curve.verify[0])
         if 0 < proposed <= K_MAX and curve.draft[proposed] > 0:
             self.draft_scale = _drift(self.draft_scale, draft_seconds / (curve.draft[proposed] * self.verify_scale))
         curve.overhead = other_seconds if self.steps == 1 else 0.9 * curve.overhead + 0.1 * other_seconds
@@ -737,9 +866,12 @@ class AutoK:
             "plain_steps": self.plain_steps,
             "probes": self.probes,
             "warmup_steps": self.warmup_steps,
+            "candidates_cut": self.candidates_cut,
+            "cut_to_plain": self.cut_to_plain,
             "prior_acceptance": None if self.prior_runs_rate is None else round(self.prior_runs_rate, 4),
             "acceptance_estimates": [round(a, 4) for a in self.acceptance.alphas()],
             "cost_curve": ({**self.curve.as_dict(), "verify_scale": round(self.verify_scale, 4),
+                            "row_extra_seconds": round(self.row_cost.extra, 7),
                             "draft_scale": round(self.draft_scale, 4)} if self.curve is not None else None),
             "predicted_speedup": self.predicted_plain_seconds / self.predicted_seconds if self.predicted_seconds else None,
             "measured_speedup": self.committed_plain_seconds / self.actual_seconds if self.actual_seconds else None,

@@ -266,7 +266,10 @@ class Generation:
             drafter.start(context)
             stats.settings.update(drafter.settings())  # now with what start() derived (ranks, ...)
             if auto is not None:
-                auto.start(model, drafter, context)  # the cost curve: measured here, or cached
+                # the cost curve: measured here (judging each pass as the loop does, on a generator of
+                # its own: the run's random stream is untouched), or cached
+                judge_with = torch.Generator().manual_seed(0)
+                auto.start(model, drafter, context, lambda d, q, logits: self._verify(d, q, logits, judge_with))
                 context.keep_drafting = auto.keep_drafting if auto.wants_confidence else None
         stats.k_histogram = {}
         while not self.finish_reason:
@@ -281,6 +284,8 @@ class Generation:
                 k = auto.choose(budget) if auto is not None else min(drafter.k, budget)
             t0 = time.perf_counter()
             proposal = drafter.propose(context, k) if k > 0 else Proposal(torch.empty(0, dtype=torch.long), None)
+            if k > 0 and proposal.confidence is not None and auto is not None and auto.wants_confidence:
+                proposal = proposal.prefix(auto.cut(proposal.confidence))  # rated candidates: keep what pays
             t1 = time.perf_counter()
             # 3. Verify: one target call over the last committed token and the K candidates.
             inputs = torch.tensor([tokens[-1]] + proposal.tokens.tolist())  # [K+1]
@@ -313,11 +318,13 @@ class Generation:
             yield step
         stats.wall_seconds = time.perf_counter() - start
 
-    def _verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor):
+    def _verify(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, logits: torch.Tensor,
+                generator: torch.Generator | None = None):
         check_logits(logits, "the target model")
         if self.sampling.greedy:
             return getattr(self.acceptance, "verify_greedy", greedy_verify)(drafts, logits)
-        return self.acceptance.verify(drafts, draft_probs, logits_to_probs(logits, self.sampling), self.generator)
+        return self.acceptance.verify(drafts, draft_probs, logits_to_probs(logits, self.sampling),
+                                      self.generator if generator is None else generator)
 
     def result(self) -> GenerationResult:
         for _ in self._steps:  # finish the run (nothing left to do once it has ended)

@@ -53,6 +53,8 @@ class GenerationStats:
     probes: int | None = None  # steps speculated only to re-measure acceptance after plain ones
     warmup_steps: int | None = None  # steps speculated at the start to learn acceptance, whatever the prior predicted
     prior_acceptance: float | None = None  # the pooled acceptance this process's earlier runs left (None: first run)
+    candidates_cut: int | None = None  # rated candidates (prompt lookup's) not verified because they would not pay
+    cut_to_plain: int | None = None  # steps whose every candidate was cut: run as plain steps
     cost_curve: dict[str, Any] | None = None  # seconds: verification over M = 1..16, proposals of K = 0..8
     acceptance_estimates: list[float] | None = None  # alpha_i by candidate position at the end of the run
     predicted_speedup: float | None = None  # over plain decoding, as the cost model predicted each step
@@ -128,7 +130,8 @@ class GenerationStats:
 
     def record_auto(self, report: dict[str, Any]) -> None:
         """The k="auto" controller's account (``AutoK.report``)."""
-        for name in ("calibration_seconds", "plain_steps", "probes", "warmup_steps", "prior_acceptance", "cost_curve", "acceptance_estimates",
+        for name in ("calibration_seconds", "plain_steps", "probes", "warmup_steps", "prior_acceptance", "candidates_cut",
+                     "cut_to_plain", "cost_curve", "acceptance_estimates",
                      "predicted_speedup", "measured_speedup"):
             setattr(self, name, report[name])
         self.settings["k_mode"] = report["k_mode"]

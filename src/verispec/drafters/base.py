@@ -34,6 +34,15 @@ class Proposal:
     tokens: torch.Tensor  # [K] long
     probs: torch.Tensor | None  # [K, vocab] q after the sampling transform; None for a deterministic draft
     draft_calls: int = 0  # draft forward passes spent on this proposal
+    # A drafter whose whole proposal is known at once, at no cost per candidate (prompt lookup), may
+    # rate each candidate (higher: likelier kept; any monotone score): k="auto" then keeps the prefix
+    # that pays (``AutoK.cut``), learning the acceptance by this score online. None: no rating.
+    confidence: list[float] | None = None
+
+    def prefix(self, n: int) -> "Proposal":
+        """The first ``n`` candidates."""
+        return dataclasses.replace(self, tokens=self.tokens[:n], probs=None if self.probs is None else self.probs[:n],
+                                   confidence=None if self.confidence is None else self.confidence[:n])
 
 
 @runtime_checkable
