@@ -244,6 +244,46 @@ ngram = 2
     assert flags.timing == "sequential"  # the --timing flag overrides the file
 
 
+def test_the_warm_up_measures_k_auto_costs_for_every_decoding_mode(tiny_chat_pair, data_dir, tmp_path, monkeypatch):
+    """k="auto" measures a cost curve per way of judging a row (greedy, sampled): the warm-up runs every
+    setting in every decoding mode, so no recorded run pays a calibration. Control: without the warm-up
+    the first recorded auto run of each mode does."""
+    from verispec import adaptive
+
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    target, _ = tiny_chat_pair
+    calibrated = {}
+    for warmup in (8, 0):
+        monkeypatch.setattr(adaptive, "_MEASURED", {})
+        monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / f"cache{warmup}"))
+        config = tmp_path / f"modes{warmup}.toml"
+        config.write_text(f"""
+target = "{target}"
+dtype = "float32"
+workloads = ["spec_bench/translation"]
+prompts = 2
+max_new_tokens = 8
+data_dir = "{data_dir}"
+execute = false
+warmup_tokens = {warmup}
+[[sampling]]
+temperature = 0.0
+[[sampling]]
+temperature = 1.0
+[[methods]]
+name = "prompt-lookup"
+ngram = 2
+k = ["auto"]
+""")
+        out = tmp_path / f"modes{warmup}.jsonl"
+        result = CliRunner().invoke(main, ["bench", str(config), "-o", str(out), "--no-report"])
+        assert result.exit_code == 0, result.output
+        calibrated[warmup] = {r["mode"]: r["calibration_seconds"] for r in read_results(out)[1] if r["k"] == "auto"
+                              and r["calibration_seconds"]}
+    assert calibrated[8] == {}
+    assert set(calibrated[0]) == {"greedy", "T=1 top_k=0 top_p=1"}, calibrated[0]
+
+
 def test_report_command_rerenders(bench_run, tmp_path):
     result = CliRunner().invoke(main, ["report", str(bench_run[0]), "-o", str(tmp_path / "r"), "--no-plots"])
     assert result.exit_code == 0, result.output
