@@ -487,9 +487,9 @@ class ProposalLengths:
 class RowCost:
     """What a verified row beyond the first costs over the measured curve's price, from the run's own
     passes: the slope of (observed - curve price), in the curve's seconds, against the rows beyond the
-    first, by weighted least squares that forget (``ROW_DECAY`` a pass) and lean on 0 (``ROW_PRIOR``
-    1-row passes' worth of evidence at every row count). The level is ``verify_scale``'s: an offset
-    common to every row count goes into the intercept, not the slope.
+    first, by weighted least squares that forget (``ROW_DECAY`` a pass) and lean on 0 (as if ``ROW_PRIOR``
+    more passes, at the passes' typical row count, had shown no extra). The level is ``verify_scale``'s:
+    an offset common to every row count goes into the intercept, not the slope.
 
     The calibration takes the fastest of a few passes per row count, on the prompt's context, at one
     moment; the run's passes are its own. On SmolLM2-135M (int8, prompt lookup, greedy) passes of 3-7

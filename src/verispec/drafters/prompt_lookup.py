@@ -30,13 +30,13 @@ class PromptLookup(DrafterBase):
 
     method = "prompt-lookup"
 
-    def settings(self) -> dict[str, Any]:
-        return {"method": self.method, "ngram": self.ngram, "k": self.k}
-
     def __init__(self, ngram: int = 3, k: int = DEFAULT_K) -> None:
         super().__init__(k)
         self.ngram = positive_int(ngram, "ngram")
         self._index: NgramIndex | None = None
+
+    def settings(self) -> dict[str, Any]:
+        return {"method": self.method, "ngram": self.ngram, "k": self.k}
 
     def start(self, context: DraftContext) -> None:
         self._index = NgramIndex(self.ngram)
@@ -59,7 +59,7 @@ class NgramIndex:
     def __init__(self, ngram: int) -> None:
         self.ngram = ngram
         self.tokens: list[int] | None = None
-        self.upto = 0  # n-grams ending before tokens[upto - 1] ... are indexed: those within tokens[:upto]
+        self.upto = 0  # the n-grams within tokens[:upto] are indexed
         self.latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram + 1)]
 
     def match(self, tokens: list[int], k: int) -> tuple[list[int], int]:
