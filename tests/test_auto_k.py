@@ -675,8 +675,8 @@ def test_costs_are_measured_once_per_process():
 def test_the_curve_prices_judging_every_row():
     """The calibration times each verification with its rows judged as the loop judges them (at T = 0.7
     the sampling transform over the vocabulary costs per row what a small model's pass barely shows):
-    a judge costing 2 ms a row makes every further row 2 ms dearer. Control: without the judge the
-    tiny model's extra rows cost next to nothing."""
+    a judge costing 5 ms a row makes every further row about 5 ms dearer. Control: without the judge
+    the tiny model's extra rows cost a fraction of that (margins wide enough for a loaded machine)."""
     import time as clock
 
     target = tiny_model(vocab=16, seed=0, layers=1)
@@ -684,14 +684,14 @@ def test_the_curve_prices_judging_every_row():
 
     def judge(drafts, probs, logits):
         seen.append((drafts.numel(), logits.shape[0]))
-        clock.sleep(0.002 * logits.shape[0])
+        clock.sleep(0.005 * logits.shape[0])
 
     slopes = {}
     for name, j in (("judged", judge), ("alone", None)):
         context = _run_context(target, [1, 2, 3, 4])
         curve = adaptive.measure(target, verispec.PromptLookup(ngram=1, k="auto"), context, j)
         slopes[name] = (curve.verify[8] - curve.verify[0]) / 8
-    assert slopes["judged"] > 0.0018 and slopes["alone"] < 0.0008, slopes
+    assert slopes["judged"] - slopes["alone"] > 0.004 and slopes["alone"] < 0.5 * slopes["judged"], slopes
     assert {rows for _, rows in seen} == set(range(1, adaptive.CURVE_ROWS + 1))
     assert all(drafts == rows - 1 for drafts, rows in seen)
 
