@@ -250,7 +250,6 @@ def test_the_warm_up_measures_k_auto_costs_for_every_decoding_mode(tiny_chat_pai
     the first recorded auto run of each mode does."""
     from verispec import adaptive
 
-    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
     target, _ = tiny_chat_pair
     calibrated = {}
     for warmup in (8, 0):

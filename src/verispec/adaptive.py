@@ -784,11 +784,13 @@ class AutoK:
         that does not pay ends it."""
         self._confidence_seen = self._rated = True
         reach, keep = 1.0, 0
+        below = self._verify(1)  # the pass without the candidate under test
         for j, c in enumerate(confidence[:K_MAX]):
             reach *= self.acceptance.by_confidence(c)
-            if reach <= (self._verify(j + 2) - self._verify(j + 1)) * self.verify_scale * self._rate:
+            above = self._verify(j + 2)
+            if reach <= (above - below) * self.verify_scale * self._rate:
                 break
-            keep = j + 1
+            keep, below = j + 1, above
         self._confidence = list(confidence[:keep])
         self._stopped = keep < len(confidence)
         self.candidates_cut += len(confidence) - keep

@@ -88,7 +88,9 @@ def lookup(tokens: list[int], ngram: int, k: int) -> list[int]:
 
 def match(tokens: list[int], ngram: int, k: int) -> tuple[list[int], int]:
     """``lookup``'s tokens, and how many tokens before them agree with the text's end: the matched n-gram
-    extended back (up to MATCH_CAP) as far as the earlier occurrence and the text agree (0: no match)."""
+    extended back (up to MATCH_CAP) as far as the earlier occurrence and the text agree (0: no match).
+    A scan of the whole text: the reference ``NgramIndex`` (what PromptLookup proposes through) is tested
+    against."""
     end = len(tokens)
     for n in range(min(ngram, end - 1), 0, -1):
         suffix = tokens[-n:]
