@@ -24,7 +24,7 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 16
-SOURCES = ("attention.cpp", "bf16_gemv.cpp", "int8_linear.cpp", "layers.cpp", "module.cpp")
+SOURCES = ("attention.cpp", "bf16_gemv.cpp", "int8_linear.cpp", "layers.cpp", "module.cpp", "prompt_attention.cpp")
 _state: dict[str, object] = {}
 
 
@@ -67,7 +67,8 @@ def runtime() -> str:
     if _load() is None:
         return "torch"
     digest = _state.get("sources") or _state.setdefault("sources", _digest("*.cpp", "*.h", "*.py"))
-    switches = ",".join(f"{name}={os.environ.get(name, '')}" for name in ("VERISPEC_FUSED_LAYERS", "VERISPEC_INT8_PATH"))
+    switches = ",".join(f"{name}={os.environ.get(name, '')}" for name in ("VERISPEC_FUSED_LAYERS", "VERISPEC_INT8_PATH",
+                                                                           "VERISPEC_TILE_ATTENTION"))
     table = _state.get("int8_table")
     return f"{digest};{switches}" + (f";int8={','.join(table)}" if table else "")  # type: ignore[arg-type]
 
@@ -189,8 +190,10 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
     Up to ``INVARIANT_ROWS`` rows, each row is computed alone in a fixed order (the compiled kernel,
     or one torch pass per row shaped exactly like a one-token step), so its bits do not depend on how
-    many rows share the pass. Longer passes (prompts) use torch's fused scaled_dot_product_attention:
-    faster, and a prompt is processed the same way whether the run is plain or speculative.
+    many rows share the pass. Longer passes (prompts) run on AMX bf16 tiles where the CPU has them
+    (``prompt_attention.cpp``: each fp32 product as three bf16 ones, about fp32's accuracy), else torch's
+    fused scaled_dot_product_attention: faster, and a prompt is processed the same way whether the run is
+    plain or speculative.
     """
     H, T, D = q.shape
     KV = keys.shape[0]
@@ -200,6 +203,9 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
             return module.causal_attention(q, keys, values, start)
         return torch.cat([_grouped_attention(q[:, t:t + 1], keys[:, :start + t + 1], values[:, :start + t + 1])
                           for t in range(T)])
+    module = _load()
+    if module is not None and module.prompt_attention_supported(D):  # a prompt on AMX bf16 tiles (bf16x3)
+        return module.prompt_attention(q, keys, values, start)
     # A prompt: torch's fused attention (q is already scaled), masked so row t sees positions <= start + t.
     mask = None if start == 0 else torch.ones(T, start + T, dtype=torch.bool).tril(diagonal=start)
     out = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, is_causal=start == 0,

@@ -24,6 +24,7 @@
 #include <limits>
 #include <utility>
 
+#include "amx.h"
 #include "vec_math.h"
 
 namespace {
@@ -207,23 +208,7 @@ constexpr std::array<PackedTile, sizeof...(Rs)> packed_tiles(std::integer_sequen
 // arithmetic. The packed layout above is exactly the B-tile layout when the inputs are padded to a
 // multiple of 64: 16 steps of [16 channels][4 inputs] = one 1 KB tile. Activations (q + 128) form the
 // A tile, 16 rows (padded with zero activations) x 64 bytes; 4 channel blocks share each A tile.
-bool has_amx() {
-  static const bool yes = [] {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool tile = (d >> 24) & 1, int8 = (d >> 25) & 1;
-    if (!tile || !int8) return false;
-    constexpr long kReqPerm = 0x1023, kXtiledata = 18;  // Linux: ask for the tile state once per process
-    return syscall(SYS_arch_prctl, kReqPerm, kXtiledata) == 0;
-  }();
-  return yes;
-}
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
 
 // What the AMX path's epilogue needs to write int8_linear's fp32 result directly.
 struct Rescale {
@@ -345,9 +330,14 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void amx_block(
   if (NB > 1) _tile_zero(1);
   if (RT > 1) _tile_zero(2);
   if (RT > 1 && NB > 1) _tile_zero(3);
+  // Line l of the next pair is line l of its first block, or line l - kbs of its second (no division in
+  // the loop: an integer divide per line cost more than the tile multiplies of a step).
+  const int8_t* next_line[2] = {next[0], next[1] ? next[1] - kbs * 64 : nullptr};
   for (int64_t k = 0; k < kbs / 16; ++k) {
-    for (int64_t l = first_line + k * lines_per_step, e = std::min(l + lines_per_step, 2 * kbs); l < e; ++l)
-      if (next[l / kbs]) _mm_prefetch(reinterpret_cast<const char*>(next[l / kbs] + (l % kbs) * 64), _MM_HINT_T1);
+    for (int64_t l = first_line + k * lines_per_step, e = std::min(l + lines_per_step, 2 * kbs); l < e; ++l) {
+      const int second_block = l >= kbs;
+      if (next_line[second_block]) _mm_prefetch(reinterpret_cast<const char*>(next_line[second_block] + l * 64), _MM_HINT_T1);
+    }
     _tile_loadd(4, xa + k * 64, i64);
     _tile_loadd(6, wa + k * 1024, 64);
     if (NB > 1) _tile_loadd(7, wb + k * 1024, 64);
@@ -386,18 +376,6 @@ __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw"))) void amx_block(
   }
 }
 
-__attribute__((target("amx-tile,amx-int8"))) void amx_configure() {
-  TileConfig cfg;
-  for (int t = 0; t < 4; ++t) { cfg.rows[t] = 16; cfg.colsb[t] = 64; }  // C: 16 rows x 16 int32
-  cfg.rows[4] = 16; cfg.colsb[4] = 64;                                  // A: 16 rows x 64 bytes
-  cfg.rows[5] = 16; cfg.colsb[5] = 64;                                  // A (amx_block) or B
-  cfg.rows[6] = cfg.rows[7] = 16; cfg.colsb[6] = cfg.colsb[7] = 64;     // B: 16 x (16 channels x 4)
-  // GCC 12 does not see that ldtilecfg reads all 64 bytes and drops the stores above without this.
-  __asm__ __volatile__("" : : "r"(&cfg) : "memory");
-  _tile_loadconfig(&cfg);
-}
-
-__attribute__((target("amx-tile"))) void amx_release() { _tile_release(); }
 
 // ------------------------------------------------------------------------------------------ AVX2 path
 
@@ -469,20 +447,6 @@ bool has_avx2() {
   return yes;
 }
 
-// Work items [0, n) handed out ``chunk`` at a time to whichever thread asks next, each thread calling
-// setup() first and teardown() last (the AMX tile state is per thread). On a shared machine one core is
-// often slower than the other; with a static split the faster one waited (OpenMP's barrier spin was 8%
-// of a prompt's time). Which thread computes a block changes no bits.
-template <class Setup, class Fn, class Teardown>
-void dynamic_for(int64_t n, int64_t chunk, Setup setup, Fn fn, Teardown teardown) {
-  std::atomic<int64_t> next{0};
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (n + chunk - 1) / chunk));
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    setup();
-    for (int64_t b; (b = next.fetch_add(chunk)) < n;) fn(b, std::min(n, b + chunk));
-    teardown();
-  });
-}
 
 // The activations as vpdpbusd / AMX read them: q + 128 as unsigned bytes, in a [padded_rows, width]
 // buffer whose padding (rows past q's, columns past its width) holds 128, a zero activation.

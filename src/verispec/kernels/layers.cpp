@@ -14,6 +14,8 @@
 #include <vector>
 
 torch::Tensor causal_attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start);
+torch::Tensor prompt_attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start);
+bool prompt_attention_supported(int64_t head_dim);
 torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
@@ -148,7 +150,10 @@ class LayerStack {
     }
     });
     if (T <= kInvariantRows) return L.o(causal_attention(q, keys, values, start), path);  // [T, H * D]
-    // A prompt: torch's fused attention, called as kernels.causal_attention calls it.
+    // A prompt: on AMX bf16 tiles where the CPU has them, else torch's fused attention, as
+    // kernels.causal_attention computes it.
+    if (prompt_attention_supported(D))
+      return L.o(prompt_attention(q, keys.narrow(1, 0, start + T), values.narrow(1, 0, start + T), start), path);
     auto k = keys.narrow(1, 0, start + T).unsqueeze(0), v = values.narrow(1, 0, start + T).unsqueeze(0);
     c10::optional<torch::Tensor> mask;
     if (start > 0) mask = torch::ones({T, start + T}, h.options().dtype(torch::kBool)).tril(start);

@@ -2,6 +2,8 @@
 #include <torch/extension.h>
 
 torch::Tensor causal_attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start);
+torch::Tensor prompt_attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start);
+bool prompt_attention_supported(int64_t head_dim);
 torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
@@ -17,6 +19,8 @@ void register_layer_stack(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_attention", &causal_attention, "row-by-row causal attention over the KV cache");
+  m.def("prompt_attention", &prompt_attention, "causal attention of a prompt on AMX bf16 tiles (bf16x3)");
+  m.def("prompt_attention_supported", &prompt_attention_supported, "whether prompt_attention runs here");
   m.def("bf16_linear", &bf16_linear, "bf16-weight linear for few rows");
   m.def("rms_norm", &rms_norm, "fp32 RMSNorm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
