@@ -68,14 +68,16 @@ def test_rms_norm_and_silu_mul_match_torch():
     assert torch.allclose(kernels.silu_mul(gate_up), F.silu(gate) * up, atol=1e-6)
 
 
-@pytest.mark.parametrize("width", [8, 13, 45, 100, 1536])  # 32-wide blocks, 8-wide blocks, tails
-def test_quantize_rows_gives_the_torch_bits_in_vector_blocks_and_tails(width, monkeypatch):
+@pytest.mark.parametrize("width", [8, 13, 45, 100, 1536, 8960])  # 16/32-wide blocks, 8-wide blocks, tails
+@pytest.mark.parametrize("lanes", [8, 16])  # the AVX2 loop, and the AVX-512 one where the CPU has it
+def test_quantize_rows_gives_the_torch_bits_in_vector_blocks_and_tails(width, lanes, monkeypatch):
     x = torch.randn(6, width) * 3
     x[1, :] = torch.arange(width) - width / 2 + 0.5  # ties (k + 0.5) * 127 / max: round half to even
     x[2, -1] = float("inf")  # in the scalar tail (or the last vector block)
     x[3, 0] = float("nan")  # in the first vector block
     x[4] = 0.0
-    compiled = kernels.quantize_rows(x)
+    x[5, -1] = -2 * x[5].abs().max()  # the row's largest magnitude in the last element (a tail, for most widths)
+    compiled = kernels._load().quantize_rows_with(x, lanes)
     monkeypatch.setitem(kernels._state, "module", None)
     reference = kernels.quantize_rows(x)
     assert torch.equal(compiled[0], reference[0])

@@ -35,59 +35,108 @@ constexpr int64_t kBlock = 4;  // output channels per block (weights read once p
 
 // Symmetric per-row quantization: scale = max|x| / 127, q = round-half-even(x * 127 / max|x|).
 // A row holding NaN or infinity gets a NaN scale, so the product's row is NaN (never garbage).
-void quantize_rows_impl(const float* x, int64_t rows, int64_t in, int8_t* q, float* scale) {
+// One row of ``in`` values, 8 lanes at a time (AVX2).
+void quantize_row_avx2(const float* xr, int64_t in, int8_t* qr, float* scale) {
+  const __m256 sign = _mm256_set1_ps(-0.f), most = _mm256_set1_ps(std::numeric_limits<float>::max());
+  // max |x| (the same whatever the order) and whether every element is finite (|x| <= FLT_MAX, false for NaN)
+  __m256 top = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  int64_t i = 0;
+  for (; i + 8 <= in; i += 8) {
+    const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(xr + i));
+    ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, most, _CMP_LE_OQ));
+    top = _mm256_max_ps(top, a);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, top);
+  float amax = 0.f;
+  for (float v : lanes) amax = std::max(amax, v);
+  bool finite = _mm256_movemask_ps(ok) == 0xff;
+  for (; i < in; ++i) {
+    finite &= std::isfinite(xr[i]);
+    amax = std::max(amax, std::fabs(xr[i]));
+  }
+  if (!finite || amax == 0.f) {
+    std::fill(qr, qr + in, int8_t{0});
+    *scale = finite ? 1.f : std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float inv = 127.f / amax;
+  *scale = amax / 127.f;
+  // q = round-half-even(x * inv) clamped to [-127, 127]: vroundps in the default rounding mode is nearbyint
+  const __m256 iv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+  auto ints = [&](int64_t at) {
+    __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + at), iv), _MM_FROUND_CUR_DIRECTION);
+    return _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, v)));
+  };
+  // 32 at a time narrowed to bytes by two packs (in range already, so nothing saturates); the packs
+  // work within 128-bit lanes, and the permutation puts the four groups of 4 back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (i = 0; i + 32 <= in; i += 32) {
+    const __m256i words = _mm256_packs_epi16(_mm256_packs_epi32(ints(i), ints(i + 8)),
+                                             _mm256_packs_epi32(ints(i + 16), ints(i + 24)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + i), _mm256_permutevar8x32_epi32(words, order));
+  }
+  alignas(32) int32_t lanes8[8];
+  for (; i + 8 <= in; i += 8) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes8), ints(i));
+    for (int l = 0; l < 8; ++l) qr[i + l] = static_cast<int8_t>(lanes8[l]);
+  }
+  for (; i < in; ++i) {
+    const float v = std::nearbyint(xr[i] * inv);
+    qr[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
+  }
+}
+
+// round(x * inv) in the current rounding mode (nearest even), clamped to [-127, 127], as int32 lanes.
+__attribute__((target("avx512f"))) inline __m512i rounded16(__m512 x, __m512 inv) {
+  const __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(x, inv), _MM_FROUND_CUR_DIRECTION);
+  return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_set1_ps(127.f), _mm512_max_ps(_mm512_set1_ps(-127.f), v)));
+}
+
+// The same on 16 lanes (AVX-512): the same operations (maximum, the reciprocal, multiply, round in the
+// current mode, clamp), so the same bytes and scale as quantize_row_avx2.
+__attribute__((target("avx512f,avx512bw"))) void quantize_row_avx512(const float* xr, int64_t in, int8_t* qr, float* scale) {
+  const __m512 most = _mm512_set1_ps(std::numeric_limits<float>::max());
+  __m512 top = _mm512_setzero_ps();
+  __mmask16 bad = 0;  // lanes that held NaN or infinity (not |x| <= FLT_MAX)
+  const int64_t full = in / 16 * 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (in - full)) - 1);
+  for (int64_t i = 0; i < full; i += 16) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(xr + i));
+    bad |= _mm512_cmp_ps_mask(a, most, _CMP_NLE_UQ);
+    top = _mm512_max_ps(top, a);
+  }
+  if (tail) {
+    const __m512 a = _mm512_abs_ps(_mm512_maskz_loadu_ps(tail, xr + full));
+    bad |= _mm512_mask_cmp_ps_mask(tail, a, most, _CMP_NLE_UQ);
+    top = _mm512_max_ps(top, a);
+  }
+  const float amax = _mm512_reduce_max_ps(top);
+  if (bad != 0 || amax == 0.f) {
+    std::fill(qr, qr + in, int8_t{0});
+    *scale = bad == 0 ? 1.f : std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
+  const float inv = 127.f / amax;
+  *scale = amax / 127.f;
+  const __m512 iv = _mm512_set1_ps(inv);
+  for (int64_t i = 0; i < full; i += 16)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qr + i), _mm512_cvtsepi32_epi8(rounded16(_mm512_loadu_ps(xr + i), iv)));
+  if (tail) _mm512_mask_cvtsepi32_storeu_epi8(qr + full, tail, rounded16(_mm512_maskz_loadu_ps(tail, xr + full), iv));
+}
+
+bool has_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return yes;
+}
+
+// Rows in parallel, 16 lanes where the CPU has AVX-512 (unless ``lanes`` is 8: the tests compare both).
+void quantize_rows_impl(const float* x, int64_t rows, int64_t in, int8_t* q, float* scale, int lanes = 16) {
+  const bool wide = lanes == 16 && has_avx512();
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-    const __m256 sign = _mm256_set1_ps(-0.f), most = _mm256_set1_ps(std::numeric_limits<float>::max());
     for (int64_t r = begin; r < end; ++r) {
-      const float* xr = x + r * in;
-      int8_t* qr = q + r * in;
-      // max |x| (the same whatever the order) and whether every element is finite (|x| <= FLT_MAX, false for NaN)
-      __m256 top = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
-      int64_t i = 0;
-      for (; i + 8 <= in; i += 8) {
-        const __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(xr + i));
-        ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, most, _CMP_LE_OQ));
-        top = _mm256_max_ps(top, a);
-      }
-      alignas(32) float lanes[8];
-      _mm256_store_ps(lanes, top);
-      float amax = 0.f;
-      for (float v : lanes) amax = std::max(amax, v);
-      bool finite = _mm256_movemask_ps(ok) == 0xff;
-      for (; i < in; ++i) {
-        finite &= std::isfinite(xr[i]);
-        amax = std::max(amax, std::fabs(xr[i]));
-      }
-      if (!finite || amax == 0.f) {
-        std::fill(qr, qr + in, int8_t{0});
-        scale[r] = finite ? 1.f : std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      const float inv = 127.f / amax;
-      scale[r] = amax / 127.f;
-      // q = round-half-even(x * inv) clamped to [-127, 127]: vroundps in the default rounding mode is nearbyint
-      const __m256 iv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
-      auto ints = [&](int64_t at) {
-        __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xr + at), iv), _MM_FROUND_CUR_DIRECTION);
-        return _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_max_ps(lo, v)));
-      };
-      // 32 at a time narrowed to bytes by two packs (in range already, so nothing saturates); the packs
-      // work within 128-bit lanes, and the permutation puts the four groups of 4 back in order.
-      const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-      for (i = 0; i + 32 <= in; i += 32) {
-        const __m256i words = _mm256_packs_epi16(_mm256_packs_epi32(ints(i), ints(i + 8)),
-                                                 _mm256_packs_epi32(ints(i + 16), ints(i + 24)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + i), _mm256_permutevar8x32_epi32(words, order));
-      }
-      alignas(32) int32_t lanes8[8];
-      for (; i + 8 <= in; i += 8) {
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lanes8), ints(i));
-        for (int l = 0; l < 8; ++l) qr[i + l] = static_cast<int8_t>(lanes8[l]);
-      }
-      for (; i < in; ++i) {
-        const float v = std::nearbyint(xr[i] * inv);
-        qr[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, v)));
-      }
+      if (wide) quantize_row_avx512(x + r * in, in, q + r * in, scale + r);
+      else quantize_row_avx2(x + r * in, in, q + r * in, scale + r);
     }
   });
 }
@@ -597,14 +646,17 @@ torch::Tensor accumulate(const torch::Tensor& q, const torch::Tensor& w, const t
 
 }  // namespace
 
-std::vector<torch::Tensor> quantize_rows(torch::Tensor x) {
+// (q, scale) of x's rows; ``lanes`` 8 forces the AVX2 loop (tests compare it with the 16-lane one).
+std::vector<torch::Tensor> quantize_rows_with(torch::Tensor x, int64_t lanes) {
   auto x2 = x.reshape({-1, x.size(-1)}).to(torch::kFloat32).contiguous();
   const int64_t rows = x2.size(0), in = x2.size(1);
   auto q = torch::empty({rows, in}, x2.options().dtype(torch::kInt8));
   auto scale = torch::empty({rows}, x2.options());
-  quantize_rows_impl(x2.data_ptr<float>(), rows, in, q.data_ptr<int8_t>(), scale.data_ptr<float>());
+  quantize_rows_impl(x2.data_ptr<float>(), rows, in, q.data_ptr<int8_t>(), scale.data_ptr<float>(), static_cast<int>(lanes));
   return {q, scale};
 }
+
+std::vector<torch::Tensor> quantize_rows(torch::Tensor x) { return quantize_rows_with(x, 16); }
 
 std::vector<std::string> int8_paths() {
   std::vector<std::string> paths;

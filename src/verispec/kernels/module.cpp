@@ -8,6 +8,7 @@ torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x);
+std::vector<torch::Tensor> quantize_rows_with(torch::Tensor x, int64_t lanes);
 std::vector<std::string> int8_paths();
 torch::Tensor int8_accumulate(torch::Tensor q, torch::Tensor w, torch::Tensor wsum, std::string path);
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
@@ -25,6 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "fp32 RMSNorm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("quantize_rows", &quantize_rows, "per-row symmetric int8 quantization: (q, scale)");
+  m.def("quantize_rows_with", &quantize_rows_with, "quantize_rows on 8 (AVX2) or 16 (AVX-512 where present) lanes");
   m.def("int8_paths", &int8_paths, "the int8 accumulation paths this CPU can run");
   m.def("int8_accumulate", &int8_accumulate, "int32 accumulators of int8 rows against int8 weights");
   m.def("int8_linear", &int8_linear, "int8-weight, int8-activation linear with fp32 rescale");
