@@ -186,7 +186,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void at
     __m512 total = _mm512_setzero_ps();
     for (int64_t j = 0; j < width; j += 16) {
       const __mmask16 valid = seen_lanes(j);
-      const __m512 e = _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), shift)));
+      const __m512 e = valid == 0 ? _mm512_setzero_ps()  // keys past the row's position: no exp to take
+                                  : _mm512_maskz_mov_ps(valid, exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), shift)));
       _mm512_storeu_ps(row + j, e);
       total = _mm512_add_ps(total, e);
     }
