@@ -5,7 +5,8 @@ with the number of rows, which makes verifying K drafts cost about K decode step
 ``bf16_gemv.cpp`` reads each weight row once for up to 16 input rows. ``int8_linear.cpp`` does the
 same for int8 weights with per-row int8 activations and int32 accumulation (AMX, AVX-512 VNNI and
 AVX2 paths, chosen by CPU feature and a quick measurement; see ``int8_linear``); ``attention.cpp``
-computes the attention of a few rows row by row, so no row's bits depend on the others. The extension is
+computes the attention of a few rows row by row, so no row's bits depend on the others, and
+``prompt_attention.cpp`` a prompt's on AMX bf16 tiles at about fp32's accuracy. The extension is
 compiled on first use (about a minute, cached by torch in ~/.cache/torch_extensions); if that fails,
 or on CPUs without AVX2/FMA, or with ``VERISPEC_KERNELS=0``, everything runs on torch's own ops
 (same int8 results, slower).
