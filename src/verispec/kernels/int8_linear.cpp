@@ -131,7 +131,7 @@ bool has_avx512() {
 }
 
 // Rows in parallel, 16 lanes where the CPU has AVX-512 (unless ``lanes`` is 8: the tests compare both).
-void quantize_rows_impl(const float* x, int64_t rows, int64_t in, int8_t* q, float* scale, int lanes = 16) {
+void quantize_rows_impl(const float* x, int64_t rows, int64_t in, int8_t* q, float* scale, int lanes) {
   const bool wide = lanes == 16 && has_avx512();
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -486,8 +486,7 @@ void block_avx2(const int8_t* xq, const int8_t* w, int64_t rows, int64_t in, int
 }
 
 bool has_vnni() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vnni");
+  static const bool yes = has_avx512() && __builtin_cpu_supports("avx512vnni");
   return yes;
 }
 

@@ -35,9 +35,8 @@
 namespace {
 
 // 16 floats -> their bf16 hi and lo parts (round to nearest even both times): x - hi is exact in fp32.
-__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void split16(const float* x, uint16_t* hi, uint16_t* lo,
-                                                                           __mmask16 valid = 0xffff) {
-  const __m512 v = _mm512_maskz_loadu_ps(valid, x);
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void split16(const float* x, uint16_t* hi, uint16_t* lo) {
+  const __m512 v = _mm512_loadu_ps(x);
   const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
   const __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   const __m256i l = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v, back));
@@ -50,34 +49,32 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) inline void split(const f
   for (int64_t i = 0; i < n; i += 16) split16(x + i, hi + i, lo + i);
 }
 
-// One 2 x 2 block of a tile product: C (rows r0..r0+31 x columns of B tiles b0, b1) = sum over ``steps``
+// One 2 x 2 block of a tile product: C (32 rows x the 16 columns of each of B tiles b0, b1) = sum over ``steps``
 // of A (16-row tiles at a0 and a0 + 16 rows, ``a_stride`` bytes a row, 64 bytes a step) x B (1 KB tiles,
 // ``b_step`` bytes a step), stored as fp32 to c (``c_stride`` bytes a row: [32 rows][32 columns]).
-template <bool TWO>
 __attribute__((target("amx-tile,amx-bf16"))) inline void bf16_block(const uint8_t* a0, int64_t a_stride, const uint8_t* b0,
                                                                      const uint8_t* b1, int64_t b_step, int64_t steps,
                                                                      float* c, int64_t c_stride) {
   _tile_zero(0);
+  _tile_zero(1);
   _tile_zero(2);
-  if (TWO) { _tile_zero(1); _tile_zero(3); }
+  _tile_zero(3);
   const uint8_t* a1 = a0 + 16 * a_stride;
   for (int64_t s = 0; s < steps; ++s) {
     _tile_loadd(4, a0 + s * 64, a_stride);
     _tile_loadd(6, b0 + s * b_step, 64);
-    if (TWO) _tile_loadd(7, b1 + s * b_step, 64);
+    _tile_loadd(7, b1 + s * b_step, 64);
     _tile_loadd(5, a1 + s * 64, a_stride);
     _tile_dpbf16ps(0, 4, 6);
-    if (TWO) _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(1, 4, 7);
     _tile_dpbf16ps(2, 5, 6);
-    if (TWO) _tile_dpbf16ps(3, 5, 7);
+    _tile_dpbf16ps(3, 5, 7);
   }
   uint8_t* cb = reinterpret_cast<uint8_t*>(c);
   _tile_stored(0, cb, c_stride);
+  _tile_stored(1, cb + 64, c_stride);
   _tile_stored(2, cb + 16 * c_stride, c_stride);
-  if (TWO) {
-    _tile_stored(1, cb + 64, c_stride);
-    _tile_stored(3, cb + 16 * c_stride + 64, c_stride);
-  }
+  _tile_stored(3, cb + 16 * c_stride + 64, c_stride);
 }
 
 struct Shapes {
@@ -167,7 +164,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void at
   const uint8_t* kb = reinterpret_cast<const uint8_t*>(keys);
   const int64_t key_block_bytes = s.dsteps * 1024;
   for (int64_t b = 0; b < blocks16; b += 2)
-    bf16_block<true>(qa, inner * 2, kb + b * key_block_bytes, kb + (b + 1) * key_block_bytes, 1024, s.dsteps,
+    bf16_block(qa, inner * 2, kb + b * key_block_bytes, kb + (b + 1) * key_block_bytes, 1024, s.dsteps,
                      scores.data() + b * 16, width * 4);
   // Softmax numerators e = exp(score - row max) over the keys a row sees (0 beyond), as [hi | hi | lo] per
   // 32 keys; sums in fp32.
@@ -204,7 +201,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16,amx-tile,amx-bf16"))) void at
   const uint8_t* vb = reinterpret_cast<const uint8_t*>(values);
   const int64_t ctiles = D / 16;
   for (int64_t ct = 0; ct < ctiles; ct += 2)
-    bf16_block<true>(pa, 3 * width * 2, vb + ct * 1024, vb + (ct + 1) * 1024, ctiles * 1024, 3 * blocks32,
+    bf16_block(pa, 3 * width * 2, vb + ct * 1024, vb + (ct + 1) * 1024, ctiles * 1024, 3 * blocks32,
                      o.data() + ct * 16, D * 4);
   for (int64_t r = 0; r < rows; ++r) {
     float* dst = out + (r0 + r) * s.H * D + h * D;
@@ -238,14 +235,17 @@ torch::Tensor prompt_attention(torch::Tensor q, torch::Tensor keys, torch::Tenso
   s.dsteps = 3 * s.D / 32;
   auto packed_keys = torch::empty({s.KV, s.kblocks * s.dsteps * 256}, q.options().dtype(torch::kInt32));
   auto packed_values = torch::empty({s.KV, s.kblocks / 2 * 3 * s.D * 32}, q.options().dtype(torch::kInt16));
+  // Each KV head's packed keys and values, one contiguous row of these tensors each.
+  uint32_t* kp = reinterpret_cast<uint32_t*>(packed_keys.data_ptr<int32_t>());
+  uint16_t* vp = reinterpret_cast<uint16_t*>(packed_values.data_ptr<int16_t>());
+  const int64_t k_per_head = packed_keys.size(1), v_per_head = packed_values.size(1);
   at::parallel_for(0, 2 * s.KV, 1, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const int64_t g = i / 2;
       if (i % 2 == 0)
-        pack_keys(keys[g].data_ptr<float>(), keys.stride(1), s, reinterpret_cast<uint32_t*>(packed_keys[g].data_ptr<int32_t>()));
+        pack_keys(keys.data_ptr<float>() + g * keys.stride(0), keys.stride(1), s, kp + g * k_per_head);
       else
-        pack_values(values[g].data_ptr<float>(), values.stride(1), s,
-                    reinterpret_cast<uint16_t*>(packed_values[g].data_ptr<int16_t>()));
+        pack_values(values.data_ptr<float>() + g * values.stride(0), values.stride(1), s, vp + g * v_per_head);
     }
   });
   auto out = torch::empty({s.T, s.H * s.D}, q.options());
@@ -256,8 +256,7 @@ torch::Tensor prompt_attention(torch::Tensor q, torch::Tensor keys, torch::Tenso
   dynamic_for(s.H * row_blocks, 1, amx_configure, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t rb = row_blocks - 1 - i / s.H, h = i % s.H, g = h / groups;
-      attend_rows(qp, reinterpret_cast<const uint32_t*>(packed_keys[g].data_ptr<int32_t>()),
-                  reinterpret_cast<const uint16_t*>(packed_values[g].data_ptr<int16_t>()), s, h, rb * 32, op);
+      attend_rows(qp, kp + g * k_per_head, vp + g * v_per_head, s, h, rb * 32, op);
     }
   }, amx_release);
   return out;
