@@ -18,7 +18,9 @@ from tests.test_bench import data_dir  # noqa: F401  (the fixture)
 from tests.test_speculative import ALPHA
 from verispec.testing import perturbed, tiny_model
 
-SHAPES = [(64, 1536), (7, 100), (5, 3), (33, 130), (130, 64)]  # (out, in): tails on every path
+# (out, in): tails on every path; AMX prompts: 300 channels take pairs of blocks in chunks, and 1600 inputs
+# (a row pair of A tiles past a 48 KB L1) the other loop order
+SHAPES = [(64, 1536), (7, 100), (5, 3), (33, 130), (130, 64), (300, 200), (40, 1600)]
 
 
 def _paths() -> list[str]:
@@ -125,7 +127,7 @@ def test_a_prompts_mlp_in_chunks_gives_the_bits_of_one_pass(monkeypatch):
     assert torch.equal(model.forward(tokens, model.new_cache(300), 0), whole)
 
 
-@pytest.mark.parametrize("half", [48, 40])  # gate and up in whole 16-channel blocks, or not
+@pytest.mark.parametrize("half", [48, 40, 160])  # gate and up in whole 16-channel blocks, or not; chunks of pairs
 def test_silu_applied_as_the_sums_leave_the_tiles_gives_the_bits_of_product_then_silu(half):
     torch.manual_seed(half)
     layer = kernels.Int8Linear.from_float(torch.randn(2 * half, 96))
