@@ -696,14 +696,40 @@ def test_the_curve_prices_judging_every_row():
     assert all(drafts == rows - 1 for drafts, rows in seen)
 
 
-def _run_context(model, prompt):
+def _run_context(model, prompt, room: int = 40):
     """The loop's state after the prefill of ``prompt``: the context a drafter and the controller see."""
     from verispec.drafters.base import DraftContext
 
-    cache = model.new_cache(len(prompt) + 40)
+    cache = model.new_cache(len(prompt) + room)
     logits = model.forward(torch.tensor(prompt), cache, 0, last_only=True)
     tokens = list(prompt) + [int(logits[-1].argmax())]
     return DraftContext(tokens, model, cache, SamplingConfig(), torch.Generator().manual_seed(0))
+
+
+def test_a_curve_timed_with_little_room_is_timed_again_where_a_run_has_more():
+    """A cache with room for 6 more positions times passes of 1..6 rows and extrapolates the rest (the
+    bench's 8-token warm-up priced SmolLM2's 7-16-row passes at +0.2 ms a row where they cost ~9 ms, and
+    every later run read that curve): the curve says so, and the next run with room times it whole and
+    replaces it; a short run after that reuses the whole one."""
+    target = tiny_model(vocab=16, seed=0, layers=1)
+    drafter = verispec.PromptLookup(ngram=1, k="auto")
+    short, measured, digest = adaptive.cost_curve(target, drafter, _run_context(target, [1, 2, 3, 4], room=6))
+    assert measured and short.measured_rows == 6
+    whole, measured, _ = adaptive.cost_curve(target, drafter, _run_context(target, [1, 2, 3, 4], room=40))
+    assert measured and whole.measured_rows == adaptive.CURVE_ROWS
+    stored = json.loads((adaptive.cache_dir() / "costs" / f"{digest}.json").read_text())
+    assert stored["curve"]["measured_rows"] == adaptive.CURVE_ROWS
+    again, measured, _ = adaptive.cost_curve(target, drafter, _run_context(target, [1, 2, 3, 4], room=6))
+    assert not measured and again.measured_rows == adaptive.CURVE_ROWS
+
+
+def test_a_short_auto_run_times_the_whole_curve():
+    """A run of 4 new tokens writes at most 3 positions past its prompt, yet its calibration times passes of
+    up to CURVE_ROWS rows: the run's cache has room for them (and the output is plain greedy's)."""
+    target, draft = tiny_model(vocab=16, seed=0, layers=2), tiny_model(vocab=16, seed=1, layers=1)
+    result = verispec.generate(target, input_ids=[1, 2, 3], max_new_tokens=4, drafter=verispec.DraftModel(draft, k="auto"))
+    assert result.stats.cost_curve["measured_rows"] == adaptive.CURVE_ROWS
+    assert result.token_ids == verispec.generate(target, input_ids=[1, 2, 3], max_new_tokens=4).token_ids
 
 
 def test_judging_the_calibration_leaves_the_run_s_random_stream_alone(monkeypatch):

@@ -118,7 +118,7 @@ DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
 BINS = 10  # draft-confidence bins
-CACHE_VERSION = 5  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line; 4: an untimed first round; 5: verification judged as the loop does
+CACHE_VERSION = 6  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line; 4: an untimed first round; 5: verification judged as the loop does; 6: the rows a curve measured
 
 
 def parse_k(value: Any, what: str = "k (candidate length)") -> int | str:
@@ -165,6 +165,10 @@ class CostCurve:
     # positions cached, and each more costs ``attention`` seconds per row (all layers).
     context: int = 0
     attention: float = 0.0
+    # Passes over M = 1..measured_rows were timed, longer ones extrapolated: a run with little room in its
+    # cache (the bench's 8-token warm-up: 7 rows) cannot time the rest, and its curve priced 7-16 rows at
+    # +0.2 ms a row where they cost ~9 ms (SmolLM2, bf16). A run with more room measures again.
+    measured_rows: int = CURVE_ROWS
 
     def verify_at(self, rows: int, context: int) -> float:
         """A pass over ``rows`` positions with ``context`` positions cached."""
@@ -173,7 +177,8 @@ class CostCurve:
     def as_dict(self) -> dict[str, Any]:
         return {"verify_seconds": [round(v, 6) for v in self.verify], "draft_seconds": [round(d, 6) for d in self.draft],
                 "overhead_seconds": round(self.overhead, 6), "measured_at": self.measured_at,
-                "measured_context": self.context, "attention_seconds_per_row_position": self.attention}
+                "measured_context": self.context, "attention_seconds_per_row_position": self.attention,
+                "measured_rows": self.measured_rows}
 
 
 def machine() -> dict[str, Any]:
@@ -234,7 +239,8 @@ def _read_cached(key: dict[str, Any], digest: str) -> CostCurve | None:
         good = (len(curve.verify) == CURVE_ROWS and len(curve.draft) == K_MAX + 1
                 and all(isinstance(v, float) and math.isfinite(v) and v >= 0
                         for v in curve.verify + curve.draft + [curve.attention])
-                and isinstance(curve.context, int) and curve.context >= 0)
+                and isinstance(curve.context, int) and curve.context >= 0
+                and isinstance(curve.measured_rows, int) and 1 <= curve.measured_rows <= CURVE_ROWS)
         if not good:
             raise ValueError("wrong shape or values")
         return curve
@@ -264,13 +270,18 @@ def cost_curve(model: Any, drafter: Any, context: Any, judge: Judge | None = Non
     key = cost_key(model, drafter, context.sampling)
     digest = _digest(key)
     curve = _MEASURED.get(digest) or _read_cached(key, digest)
-    measured = curve is None
+    measured = curve is None or curve.measured_rows < _room_rows(context)  # none, or this run can time more rows
     if measured:
         curve = measure(model, drafter, context, judge)
         curve.measured_at = f"{key['machine']['cpu']}, {key['machine']['threads']} threads, torch {torch.__version__}"
         _write_cached(key, digest, curve)
     _MEASURED[digest] = curve
     return dataclasses.replace(curve, verify=list(curve.verify), draft=list(curve.draft)), measured, digest
+
+
+def _room_rows(context: Any) -> int:
+    """The longest pass (of at most CURVE_ROWS rows) the run's cache has room for now."""
+    return max(1, min(CURVE_ROWS, context.cache.capacity - (len(context.tokens) - 1)))
 
 
 def measure(model: Any, drafter: Any, context: Any, judge: Judge | None = None) -> CostCurve:
@@ -326,7 +337,8 @@ def measure(model: Any, drafter: Any, context: Any, judge: Judge | None = None) 
                 if timed:
                     verify[m - 1] = min(verify[m - 1], time.perf_counter() - t0)
                 cache.rollback(n - 1)
-    return CostCurve(_fill(verify), draft_line(_fill(draft)), context=n - 1, attention=attention_seconds(model))
+    return CostCurve(_fill(verify), draft_line(_fill(draft)), context=n - 1, attention=attention_seconds(model),
+                     measured_rows=_room_rows(context))
 
 
 def attention_seconds(model: Any, rows: int = 4, short: int = 64, long: int = 1024) -> float:

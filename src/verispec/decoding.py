@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from verispec.acceptance import greedy_verify, parse_rule
-from verispec.adaptive import AutoK, auto_mode, is_auto
+from verispec.adaptive import CURVE_ROWS, AutoK, auto_mode, is_auto
 from verispec.drafters.base import DraftContext, Drafter, Proposal
 from verispec.errors import VerispecError
 from verispec.models.protocol import DecoderModel
@@ -252,7 +252,11 @@ class Generation:
         start = time.perf_counter()
         tokens = list(self.prompt_ids)
         # The last committed token is never fed, so no pass writes past position prompt + max_new - 2.
-        cache = model.new_cache(len(tokens) + self.max_new_tokens - 1)
+        capacity = len(tokens) + self.max_new_tokens - 1
+        if self.auto is not None:  # room for the calibration's longest pass however short the run, within the context
+            limits = (model.config.max_position_embeddings, getattr(model.config, "sliding_window", None))
+            capacity = max(capacity, min([len(tokens) + CURVE_ROWS] + [n for n in limits if n]))
+        cache = model.new_cache(capacity)
         # 1. Prefill: one target call over the prompt gives the first new token.
         logits = model.forward(torch.tensor(tokens), cache, 0, last_only=True)  # [1, vocab]
         stats.target_calls += 1
