@@ -40,7 +40,7 @@ RECORD_SCHEMA = {
     "per_token_seconds": NUMBER, "target_calls_per_token": NUMBER, "acceptance_rate": OPTIONAL_NUMBER,
     "acceptance_rate_by_position": (list, type(None)), "mean_accepted_length": NUMBER,
     # comparison with plain decoding and quality
-    "speedup": NUMBER, "plain_tokens_per_second": NUMBER, "identical_to_plain": (bool, type(None)), "first_divergence": (int, type(None)),
+    "speedup": NUMBER, "plain_tokens_per_second": NUMBER, "decode_speedup": NUMBER, "plain_decode_tokens_per_second": NUMBER, "identical_to_plain": (bool, type(None)), "first_divergence": (int, type(None)),
     "target_logprob_mean": NUMBER, "plain_target_logprob_mean": NUMBER, "metric": (str, type(None)),
     "metric_value": OPTIONAL_NUMBER, "plain_metric_value": OPTIONAL_NUMBER,
     "weight_bytes_per_token": (int, type(None)), "roofline": OPTIONAL_NUMBER,
@@ -240,6 +240,8 @@ ngram = 2
             plain = next(q for q in records if q["setting"] == "plain" and q["prompt_id"] == r["prompt_id"])
             assert r["plain_tokens_per_second"] != plain["tokens_per_second"]
             assert r["speedup"] == pytest.approx(r["tokens_per_second"] / r["plain_tokens_per_second"])
+            assert r["plain_decode_tokens_per_second"] != plain["decode_tokens_per_second"]
+            assert r["decode_speedup"] == pytest.approx(r["decode_tokens_per_second"] / r["plain_decode_tokens_per_second"])
     flags = load_config(config, timing="sequential")
     assert flags.timing == "sequential"  # the --timing flag overrides the file
 

@@ -48,11 +48,19 @@ def make_record(context: dict[str, Any], run: RunOutput, plain: RunOutput | None
     plain_tps = base.stats.tokens_per_second
     score = METRICS[metric] if metric else None
     decode_rate = run.stats.decode_tokens_per_second
+    plain_decode = base.stats.decode_tokens_per_second
     return {
         "type": "record", "schema": SCHEMA_VERSION, **context, **stats,
         "speedup": run.stats.tokens_per_second / plain_tps if plain_tps > 0 else None,
         # the plain run this one compares with (under interleaved timing, the one made beside it)
         "plain_tokens_per_second": plain_tps,
+        # The same after the first token: the prefill is one target pass over the prompt, the same work in
+        # both runs, and on a long prompt it is 10-25% of a 128-token run whose time swings 2x between
+        # two runs' prefills (0.5 and 1.0 s for one 671-token prompt, SmolLM2 bf16), more than the
+        # differences between K. What speculation adds (a draft model's own prefill, k="auto"'s
+        # calibration, drafting) is after the first token, so it counts here.
+        "decode_speedup": decode_rate / plain_decode if decode_rate and plain_decode else None,
+        "plain_decode_tokens_per_second": plain_decode,
         "identical_to_plain": (run.token_ids == base.token_ids) if greedy else None,
         "first_divergence": first_divergence(run.token_ids, base.token_ids) if greedy else None,
         "target_logprob_mean": statistics.fmean(run.target_logprobs) if run.target_logprobs else None,
@@ -138,6 +146,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         decode_steps=sum(r["decode_steps"] for r in rows), decode_step_tokens=sum(r["decode_step_tokens"] for r in rows))
     speedups = [r["speedup"] for r in rows if r["speedup"] is not None]
     median, low, high = spread(speedups) if speedups else (None, None, None)
+    decode_speedups = [r.get("decode_speedup") for r in rows if r.get("decode_speedup") is not None]
     positions = [r["acceptance_rate_by_position"] for r in rows if r["acceptance_rate_by_position"]]
     by_position = [statistics.fmean(p[i] for p in positions if len(p) > i)
                    for i in range(max(map(len, positions)))] if positions else None
@@ -154,6 +163,7 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_per_second": statistics.median(r["tokens_per_second"] for r in rows),
         "first_token_seconds": statistics.median(r["first_token_seconds"] for r in rows),
         "speedup_median": median, "speedup_low": low, "speedup_high": high,
+        "decode_speedup_median": statistics.median(decode_speedups) if decode_speedups else None,
         "draft_seconds": _mean(r["draft_seconds"] for r in rows), "verify_seconds": _mean(r["verify_seconds"] for r in rows),
         "other_seconds": _mean(r["other_seconds"] for r in rows),
         "wall_seconds": statistics.fmean(r["wall_seconds"] for r in rows),
