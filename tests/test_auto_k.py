@@ -875,3 +875,54 @@ def test_replay_takes_the_steps_a_real_greedy_run_takes(make):
     late = dict(rec, proposals=rec["proposals"][1:] + [[]])
     stats = verispec.generate(target, input_ids=prompt, max_new_tokens=40, drafter=make(draft)).stats
     assert replay.replay(late, curve[0], 2)["accepted"] != stats.accepted_tokens
+
+
+@pytest.mark.parametrize("steady", [True, False])
+def test_one_rejection_after_earlier_runs_kept_nearly_everything_does_not_stop_speculation(steady, monkeypatch):
+    """A draft costing 0.45 of a step, verified rows 0.15 each (a quantized self-draft on a 790-token
+    prompt): earlier runs of the process kept nearly every candidate, and this run's first candidate is
+    rejected. The recent estimate of the first position falls to ~0.55, below what pays; the steadier
+    one (STEADY_WEIGHT pseudo-observations of the pooled rate) stays above, so the run goes on
+    speculating, as a real run on Spec-Bench rag 483 should have (it went plain for 39 of 71 steps).
+    Negative control: deciding on the recent estimate alone (the weight of PRIOR_WEIGHT) goes plain."""
+    if not steady:
+        monkeypatch.setattr(adaptive, "STEADY_WEIGHT", adaptive.PRIOR_WEIGHT)
+    curve = _curve(draft_per_token=0.45, verify_per_row=0.15)
+    _finished_run(curve, kept=True)
+    auto = _controller(curve, warm=False)
+    auto._digest = "pair"
+    auto._start_from_earlier_runs()
+    k = auto.choose(budget=127)
+    assert k > 0
+    auto.observe(k, k, 0, 1, 0.45 * k, 1.0 + 0.15 * k, 0.0)  # the first candidate rejected
+    assert auto.acceptance.alphas()[0] < 0.6 < auto.acceptance.pooled
+    ks = []
+    for step in range(10):
+        k = auto.choose(budget=126 - step)
+        ks.append(k)
+        auto.observe(k, k, k, k + 1, 0.45 * k, 1.0 + 0.15 * k, 0.0)  # the rest kept
+    assert all(k > 0 for k in ks) if steady else ks[0] == 0
+
+
+def _rejected_steps_before_plain(monkeypatch, weight: float) -> int:
+    """Steps a run speculates into a stretch where every candidate is rejected, after 40 steps that kept
+    everything (the draft and rows of the test above), deciding with ``weight`` toward the pooled rate."""
+    monkeypatch.setattr(adaptive, "STEADY_WEIGHT", weight)
+    auto = _controller(_curve(draft_per_token=0.45, verify_per_row=0.15))
+    for _ in range(40):
+        auto.acceptance.observe(2, 2)
+    for step in range(60):
+        k = auto.choose(budget=1000)
+        if k == 0:
+            return step
+        auto.observe(k, k, 0, 1, 0.45 * k, 1.0 + 0.15 * k, 0.0)
+    return 60
+
+
+def test_a_stretch_of_rejections_still_stops_speculation(monkeypatch):
+    """The steadier estimate does not carry a run through a stretch of rejections: it goes plain within
+    two steps of where the recent estimate alone would (9 rejected steps after 40 kept ones). Negative
+    control: a weight of 100 toward the pooled rate speculates through twice as many."""
+    recent = _rejected_steps_before_plain(monkeypatch, adaptive.PRIOR_WEIGHT)
+    assert 0 < _rejected_steps_before_plain(monkeypatch, adaptive.STEADY_WEIGHT) <= recent + 2
+    assert _rejected_steps_before_plain(monkeypatch, 100.0) > recent + 2

@@ -117,6 +117,7 @@ ROW_PRIOR = 4.0  # how hard the per-row extra leans on 0 (see RowCost)
 DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20 steps)
 POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
+STEADY_WEIGHT = 6.0  # ... as many, for whether to stop speculating (see AutoK.choose)
 BINS = 10  # draft-confidence bins
 CACHE_VERSION = 6  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line; 4: an untimed first round; 5: verification judged as the loop does; 6: the rows a curve measured
 
@@ -443,9 +444,10 @@ class Acceptance:
     def pooled(self) -> float:
         return (self.pooled_kept + 0.5 * PRIOR_WEIGHT) / (self.pooled_judged + PRIOR_WEIGHT)
 
-    def alphas(self) -> list[float]:
+    def alphas(self, weight: float = PRIOR_WEIGHT) -> list[float]:
+        """Per position, the recent rate pulled toward the pooled one by ``weight`` pseudo-observations."""
         pooled = self.pooled
-        return [(k + PRIOR_WEIGHT * pooled) / (j + PRIOR_WEIGHT) for k, j in zip(self.kept, self.judged)]
+        return [(k + weight * pooled) / (j + weight) for k, j in zip(self.kept, self.judged)]
 
     @staticmethod
     def bin(confidence: float) -> int:
@@ -709,6 +711,18 @@ class AutoK:
         if self._warmup_budget is None:  # the first step: the run's plain decoding is ``budget`` steps
             self._warmup_budget = WARMUP_SHARE * budget * seconds[0]
         pays = spec_rate > rates[0] * (1 + MARGIN)
+        if not pays and self.judged >= WARMUP_JUDGED and self.steps and not self.since_speculation:
+            # Whether to stop speculating rests on steadier estimates, pulled harder toward the run's
+            # pooled rate: one rejection after a long run of kept candidates is no reason to stop. With
+            # the recent estimates alone (2 pseudo-observations) the first step's rejection of a
+            # quantized self-draft, kept ~92% of the time over the text, took the first position's
+            # estimate from 0.89 to 0.54 and the run plain for 39 of its 71 steps (Spec-Bench rag 483,
+            # 1.11x where fixed K=2 ran 1.24x; BENCHMARKS.md section 20). A stretch of rejections still
+            # turns speculation off. Only a speculating run asks: once plain, probes bring it back as
+            # before (asked on plain steps too, an estimate on the edge turned speculation on and off
+            # every other step through a stretch where nothing was kept).
+            steady = self._rates(self.acceptance.alphas(STEADY_WEIGHT), seconds)
+            pays = max(steady[1:]) > steady[0] * (1 + MARGIN)
         if stops and self._rated and not pays:
             # ``cut`` verifies only the candidates predicted to pay, so asking loses at most the draft's
             # seconds: where those are within MARGIN of a plain step, every step asks (a plain stretch
