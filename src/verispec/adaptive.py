@@ -24,7 +24,10 @@ that is more (a probe's extra cost over a plain step: a draft costing most of a 
 prompt lookup ~10): speculation returns when the text turns copy-heavy again. While the run's pooled
 acceptance (which forgets ten times slower) says speculation pays, a plain stretch is likely a dip, and
 probes may take ``PROBE_SHARE_PAYING`` of the time instead (a draft costing 0.36 of a step: every 8 steps,
-not every 37). A proposal that ends
+not every 37). A speculating run stops only when estimates pulled harder toward the pooled rate
+(``STEADY_WEIGHT`` pseudo-observations, not ``PRIOR_WEIGHT``) also say no K pays: one rejection after
+a long run of kept candidates is not a reason to stop (it sent a quantized self-draft plain for 39 of
+71 steps). A proposal that ends
 before K without the draft-side stop (prompt lookup's match ran out) counts as a rejection at the
 position where it ended: the chain stopped there.
 
