@@ -724,8 +724,7 @@ class AutoK:
             # turns speculation off. Only a speculating run asks: once plain, probes bring it back as
             # before (asked on plain steps too, an estimate on the edge turned speculation on and off
             # every other step through a stretch where nothing was kept).
-            steady = self._rates(self.acceptance.alphas(STEADY_WEIGHT), seconds)
-            pays = max(steady[1:]) > steady[0] * (1 + MARGIN)
+            pays = self._some_k_pays(self._rates(self.acceptance.alphas(STEADY_WEIGHT), seconds))
         if stops and self._rated and not pays:
             # ``cut`` verifies only the candidates predicted to pay, so asking loses at most the draft's
             # seconds: where those are within MARGIN of a plain step, every step asks (a plain stretch
@@ -761,6 +760,11 @@ class AutoK:
         return k
 
     @staticmethod
+    def _some_k_pays(rates: list[float]) -> bool:
+        """Whether some K > 0 of ``rates`` (tokens per second for K = 0..) beats plain decoding by MARGIN."""
+        return max(rates[1:]) > rates[0] * (1 + MARGIN)
+
+    @staticmethod
     def _could_pay(seconds: list[float]) -> bool:
         """Whether some K would beat plain decoding by MARGIN if every candidate were accepted (K + 1
         tokens a step): where not (a draft pass costing about a target step), warm-up and probes can
@@ -779,8 +783,7 @@ class AutoK:
         pooled acceptance (~200 steps) says some K beats plain decoding. Then a stretch run plain is more
         likely a dip than the text's nature, and probes come back sooner: a 0.5B draft for a 1.5B target
         (0.36 of a step) otherwise waited ~37 plain steps after every dip."""
-        rates = self._rates([self.acceptance.pooled] * K_MAX, seconds)
-        paying = max(rates[1:]) > rates[0] * (1 + MARGIN)
+        paying = self._some_k_pays(self._rates([self.acceptance.pooled] * K_MAX, seconds))
         return extra / ((PROBE_SHARE_PAYING if paying else PROBE_SHARE) * seconds[0])
 
     @property

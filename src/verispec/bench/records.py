@@ -56,7 +56,7 @@ def make_record(context: dict[str, Any], run: RunOutput, plain: RunOutput | None
         "plain_tokens_per_second": plain_tps,
         # The same after the first token: the prefill is one target pass over the prompt, the same work in
         # both runs, and on a long prompt it is 10-25% of a 128-token run whose time swings 2x between
-        # two runs' prefills (0.5 and 1.0 s for one 671-token prompt, SmolLM2 bf16), more than the
+        # runs' prefills (0.52-0.92 s for one 671-token prompt, SmolLM2 bf16), more than the
         # differences between K. What speculation adds (a draft model's own prefill, k="auto"'s
         # calibration, drafting) is after the first token, so it counts here.
         "decode_speedup": decode_rate / plain_decode if decode_rate and plain_decode else None,

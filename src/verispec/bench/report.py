@@ -50,7 +50,8 @@ def _task_parts(s: dict[str, Any], baseline: bool) -> list[str]:
 
 
 def _row(s: dict[str, Any]) -> list[str]:
-    speed = "1.00 (baseline)" if s["compared_with"] == s["setting"] else (
+    baseline = s["compared_with"] == s["setting"]
+    speed = "1.00 (baseline)" if baseline else (
         f"{s['speedup_median']:.2f} [{s['speedup_low']:.2f}–{s['speedup_high']:.2f}]")
     if s["compared_with"] not in ("plain", s["setting"]):  # another quantization's baseline
         speed += f" vs {s['compared_with']}"
@@ -58,7 +59,7 @@ def _row(s: dict[str, Any]) -> list[str]:
     label = s["setting"] if s["engine"] == "verispec" else f"{s['setting']} (transformers)"
     return [label, s["mode"], rule, str(s["k"] or "–"), str(s["runs"]), _f(s["acceptance_rate"], "{:.1%}"),
             _f(s["mean_accepted_length"]), _f(s["target_calls_per_token"], "{:.3f}"), _f(s["tokens_per_second"]),
-            speed, "1.00" if s["compared_with"] == s["setting"] else _f(s.get("decode_speedup_median")), _quality(s),
+            speed, "1.00" if baseline else _f(s.get("decode_speedup_median")), _quality(s),
             _f(s["roofline"], "{:.0%}")]
 
 
