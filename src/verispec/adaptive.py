@@ -38,8 +38,10 @@ predicted extra cost over plain steps stays under ``WARMUP_SHARE`` of the run's 
 a 128-token run. Without it one rejection in the first step sent that pair plain for 32 steps, on text
 where fixed K = 2 ran 1.24x faster than plain decoding. The warm-up is paid once per process: a run
 after others of the same target and drafter (same cost key) starts from their pooled acceptance, as
-``EARLIER_RUNS`` judged candidates (``_LEARNED``). A drafter that could not beat plain decoding by
-``MARGIN`` even if every candidate were kept (K + 1 tokens a step: a draft pass costing about a target
+``EARLIER_RUNS`` judged candidates (``_LEARNED``, kept on disk beside the cost curve, so that a
+process's first run, each ``verispec generate`` call, starts from what earlier processes learned:
+from acceptance 1/2 a quantized self-draft's first 8 proposals stopped after one candidate). A drafter
+that could not beat plain decoding by ``MARGIN`` even if every candidate were kept (K + 1 tokens a step: a draft pass costing about a target
 step) neither warms up nor probes: no acceptance it could find would make it speculate.
 
 Draft-side stop (drafters with a distribution): after each drafted token the drafter asks whether to
@@ -226,6 +228,38 @@ _ROW_COSTS: dict[str, "RowCost"] = {}  # ... and what their passes showed a veri
 
 def _cache_file(digest: str) -> Path:
     return cache_dir() / "costs" / f"{digest}.json"
+
+
+def _learned_file(digest: str) -> Path:
+    return cache_dir() / "costs" / f"{digest}.learned.json"
+
+
+def _read_learned(digest: str) -> tuple[float, float] | None:
+    """The pooled acceptance (kept, judged) that earlier processes left for this cost key (its digest
+    names the machine, versions, target and drafter); None (logged) when missing or unreadable."""
+    path = _learned_file(digest)
+    if not path.is_file():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+        kept, judged = float(stored["kept"]), float(stored["judged"])
+        if stored.get("digest") != digest or not (math.isfinite(judged) and 0 <= kept <= judged):
+            raise ValueError("wrong key or values")
+        return kept, judged
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        log.info("learned acceptance %s is unreadable (%s); starting from the prior", path, exc)
+        return None
+
+
+def _write_learned(digest: str, kept: float, judged: float) -> None:
+    path = _learned_file(digest)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"digest": digest, "kept": kept, "judged": judged}))
+        tmp.replace(path)
+    except OSError as exc:
+        log.info("cannot store the learned acceptance in %s: %s", path, exc)
 
 
 def _read_cached(key: dict[str, Any], digest: str) -> CostCurve | None:
@@ -635,6 +669,8 @@ class AutoK:
         known not to pay starts plain (and probes), one known to pay starts speculating."""
         if self._digest in _ROW_COSTS:
             self.row_cost = _ROW_COSTS[self._digest].halved()
+        if self._digest not in _LEARNED and (stored := _read_learned(self._digest)) is not None:
+            _LEARNED[self._digest] = stored  # an earlier process's runs: each CLI call is a process
         kept, judged = _LEARNED.get(self._digest, (0.0, 0.0))
         if judged <= 0:
             return
@@ -652,6 +688,7 @@ class AutoK:
             return
         kept, judged = _LEARNED.get(self._digest, (0.0, 0.0))
         _LEARNED[self._digest] = (0.5 * kept + self.acceptance.pooled_kept, 0.5 * judged + self.acceptance.pooled_judged)
+        _write_learned(self._digest, *_LEARNED[self._digest])
 
     @property
     def active(self) -> bool:
