@@ -385,12 +385,12 @@ def test_a_run_starts_from_what_the_process_s_earlier_runs_found(earlier):
         assert first == 0 and auto.warmup_steps == 0 and auto.prior_runs_rate < 0.1
 
 
-@pytest.mark.parametrize("stored", ["kept", "missing", "corrupt", "other machine"])
+@pytest.mark.parametrize("stored", ["kept", "missing", "corrupt", "another key"])
 def test_a_new_process_starts_from_what_earlier_processes_found(stored, monkeypatch):
     """Each ``verispec generate`` call is a process of its own: what an earlier process's runs learned is
     kept on disk under the cost key's digest, and a new process's first run starts from it (no warm-up,
-    speculating from its first step). Controls: without the file, with a corrupt one, or with one left
-    for another key (another machine or version), the run starts from the prior and warms up."""
+    speculating from its first step). Controls: without the file, with a corrupt one, or with one whose
+    recorded digest is another key's, the run starts from the prior and warms up."""
     curve = _curve(draft_per_token=0.45, verify_per_row=0.05)
     _finished_run(curve, kept=True)  # leaves the file under "pair"
     path = adaptive._learned_file("pair")
@@ -399,7 +399,7 @@ def test_a_new_process_starts_from_what_earlier_processes_found(stored, monkeypa
         path.unlink()
     elif stored == "corrupt":
         path.write_text("{not json")
-    elif stored == "other machine":
+    elif stored == "another key":  # a file copied or renamed from another key's
         path.write_text(json.dumps({"digest": "other", "kept": 9.0, "judged": 10.0}))
     monkeypatch.setattr(adaptive, "_LEARNED", {})  # a new process: nothing in memory
     monkeypatch.setattr(adaptive, "_ROW_COSTS", {})

@@ -41,8 +41,9 @@ after others of the same target and drafter (same cost key) starts from their po
 ``EARLIER_RUNS`` judged candidates (``_LEARNED``, kept on disk beside the cost curve, so that a
 process's first run, each ``verispec generate`` call, starts from what earlier processes learned:
 from acceptance 1/2 a quantized self-draft's first 8 proposals stopped after one candidate). A drafter
-that could not beat plain decoding by ``MARGIN`` even if every candidate were kept (K + 1 tokens a step: a draft pass costing about a target
-step) neither warms up nor probes: no acceptance it could find would make it speculate.
+that could not beat plain decoding by ``MARGIN`` even if every candidate were kept (K + 1 tokens a step:
+a draft pass costing about a target step) neither warms up nor probes: no acceptance it could find
+would make it speculate.
 
 Draft-side stop (drafters with a distribution): after each drafted token the drafter asks whether to
 go on. The controller keeps the acceptance rate of drafted tokens by the draft's confidence (the
@@ -252,14 +253,7 @@ def _read_learned(digest: str) -> tuple[float, float] | None:
 
 
 def _write_learned(digest: str, kept: float, judged: float) -> None:
-    path = _learned_file(digest)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"digest": digest, "kept": kept, "judged": judged}))
-        tmp.replace(path)
-    except OSError as exc:
-        log.info("cannot store the learned acceptance in %s: %s", path, exc)
+    _write_json(_learned_file(digest), {"digest": digest, "kept": kept, "judged": judged}, "the learned acceptance")
 
 
 def _read_cached(key: dict[str, Any], digest: str) -> CostCurve | None:
@@ -288,14 +282,18 @@ def _read_cached(key: dict[str, Any], digest: str) -> CostCurve | None:
 
 
 def _write_cached(key: dict[str, Any], digest: str, curve: CostCurve) -> None:
-    path = _cache_file(digest)
+    _write_json(_cache_file(digest), {"key": key, "curve": dataclasses.asdict(curve)}, "the cost measurement")
+
+
+def _write_json(path: Path, payload: dict[str, Any], what: str) -> None:
+    """Store ``payload`` at ``path`` whole or not at all (a cache: failing to write is logged, not raised)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"key": key, "curve": dataclasses.asdict(curve)}))
+        tmp.write_text(json.dumps(payload))
         tmp.replace(path)  # never a half-written file under the real name
     except OSError as exc:
-        log.info("cannot store the cost measurement in %s: %s", path, exc)
+        log.info("cannot store %s in %s: %s", what, path, exc)
 
 
 def _digest(key: dict[str, Any]) -> str:
