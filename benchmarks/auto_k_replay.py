@@ -72,8 +72,10 @@ def record_prompt(model: Any, drafter: Any, ids: list[int], max_new: int, curve:
             "rated": rated}
 
 
-def replay(rec: dict[str, Any], curve: adaptive.CostCurve, k: int | str) -> dict[str, Any]:
-    """Modelled seconds and steps of one policy (fixed K, or "auto[:mode]") over a recorded prompt."""
+def replay(rec: dict[str, Any], curve: adaptive.CostCurve, k: int | str, earlier: str | None = None) -> dict[str, Any]:
+    """Modelled seconds and steps of one policy (fixed K, or "auto[:mode]") over a recorded prompt;
+    ``earlier``: a key under which the policy's runs so far left their learned acceptance (as one bench
+    process's runs do: ``AutoK.finish``), None for a run that starts from the prior."""
     out, n0, max_new = rec["output"], rec["prompt_len"], len(rec["output"])
     tokens = [0] * (n0 + 1)  # only its length matters to the controller (the context its rows attend to)
     auto = None
@@ -81,6 +83,9 @@ def replay(rec: dict[str, Any], curve: adaptive.CostCurve, k: int | str) -> dict
         auto = adaptive.AutoK(adaptive.auto_mode(k))
         auto.curve = dataclasses.replace(curve, verify=list(curve.verify), draft=list(curve.draft))
         auto._tokens = tokens
+        if earlier is not None:
+            auto._digest = earlier
+            auto._start_from_earlier_runs()
     seconds = 0.0
     hist: dict[int, int] = defaultdict(int)
     committed = 1
@@ -117,6 +122,7 @@ def replay(rec: dict[str, Any], curve: adaptive.CostCurve, k: int | str) -> dict
     plain_seconds = sum(curve.verify_at(1, n0 + i) + curve.overhead for i in range(max_new - 1))
     result = {"accepted": accepted_total, "seconds": seconds, "plain_seconds": plain_seconds, "speedup": plain_seconds / seconds, "k_histogram": dict(hist)}
     if auto is not None:
+        auto.finish()
         report = auto.report()
         result["predicted"] = report["predicted_speedup"]
         result["plain_steps"] = auto.plain_steps
@@ -132,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", nargs="+", default=["auto"], help="auto modes to replay (auto, auto:cost, ...)")
     ap.add_argument("--refit", action="store_true",
                     help="fit the recorded draft curve as the current code does (adaptive.draft_line)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="every auto run starts from the prior (default: from what the policy's earlier replayed "
+                         "runs learned, in the recorded order, as in one bench process)")
     ap.add_argument("--per-prompt", action="store_true", help="print every prompt's modelled speedups")
     args = ap.parse_args(argv)
     config = load_config(args.config)
@@ -159,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             data["methods"][setting.choice.name] = {"label": setting.label, "curve": curve[0], "prompts": prompts}
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(data, path)
+    adaptive._read_learned = lambda digest: None  # the replay's learning stays in the replay
+    adaptive._write_learned = lambda digest, kept, judged: None
     for assignment in args.set:
         name, value = assignment.split("=", 1)
         setattr(adaptive, name, type(getattr(adaptive, name))(value))
@@ -174,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         for rec in method["prompts"]:
             row = []
             for policy in policies:
-                r = replay(rec, curve, policy)
+                r = replay(rec, curve, policy, None if args.fresh else f"replay {name} {policy}")
                 by_workload[rec["workload"]][policy].append(r["speedup"])
                 seconds[policy] += r["seconds"]
                 row.append(f"{policy}:{r['speedup']:.2f}")

@@ -20,11 +20,10 @@ prompt lookup's match often runs out before K, and asking for more then costs on
 
 Without speculation nothing is learned about acceptance, so a probe step (the best K > 0) runs after
 every ``PROBE_FIRST`` plain steps, or after as many as keep probes under ``PROBE_SHARE`` of the time if
-that is more (a probe's extra cost over a plain step: a draft costing most of a step waits ~90 steps,
-prompt lookup ~10): speculation returns when the text turns copy-heavy again. While the run's pooled
-acceptance (which forgets ten times slower) says speculation pays, a plain stretch is likely a dip, and
-probes may take ``PROBE_SHARE_PAYING`` of the time instead (a draft costing 0.36 of a step: every 8 steps,
-not every 37). A speculating run stops only when estimates pulled harder toward the pooled rate
+that is more. A probe costs what it takes beyond the plain steps its tokens would have taken, at the
+run's long-run acceptance (a draft costing most of a step whose candidates are rejected waits ~90
+steps; one whose long run says speculation pays, after a dip, probes every ``PROBE_FIRST``):
+speculation returns when the text turns predictable again. A speculating run stops only when estimates pulled harder toward the pooled rate
 (``STEADY_WEIGHT`` pseudo-observations, not ``PRIOR_WEIGHT``) also say no K pays: one rejection after
 a long run of kept candidates is not a reason to stop (it sent a quantized self-draft plain for 39 of
 71 steps). A proposal that ends
@@ -112,8 +111,7 @@ K_MAX = 8  # the largest K the controller considers
 CURVE_ROWS = 16  # verification passes measured over M = 1..CURVE_ROWS positions
 MARGIN = 0.03  # a K > 0 must be predicted this much faster than plain decoding
 PROBE_FIRST = 8  # plain steps between probes at least ...
-PROBE_SHARE = 0.01  # ... and enough that probes cost at most this share of the time, or
-PROBE_SHARE_PAYING = 0.05  # this share while the run's long-run acceptance says speculation pays
+PROBE_SHARE = 0.01  # ... and enough that probes cost at most this share of the time
 WARMUP_JUDGED = 8  # a run speculates until this many candidates were judged ...
 WARMUP_SHARE = 0.015  # ... unless that would cost more than this share of its plain decoding
 EARLIER_RUNS = 8.0  # earlier runs' acceptance starts a run as this many judged candidates at most
@@ -125,7 +123,7 @@ POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
 PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
 STEADY_WEIGHT = 6.0  # ... as many, for whether to stop speculating (see AutoK.choose)
 BINS = 10  # draft-confidence bins
-CACHE_VERSION = 6  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line; 4: an untimed first round; 5: verification judged as the loop does; 6: the rows a curve measured
+CACHE_VERSION = 7  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line; 4: an untimed first round; 5: verification judged as the loop does; 6: the rows a curve measured; 7: learned acceptance by position
 
 
 def parse_k(value: Any, what: str = "k (candidate length)") -> int | str:
@@ -221,9 +219,10 @@ def judging(sampling: Any) -> str:
 
 
 _MEASURED: dict[str, CostCurve] = {}  # this process's measurements, by key digest
-# What this process's earlier runs of a target and drafter found, by the same digest: their pooled
-# acceptance as (kept, judged) candidate counts, each run's (decayed) counts added to half the earlier ones.
-_LEARNED: dict[str, tuple[float, float]] = {}
+# What this process's earlier runs of a target and drafter found, by the same digest: their long-run
+# acceptance by candidate position as (kept, judged) counts, each run's (decayed) counts added to half
+# the earlier ones.
+_LEARNED: dict[str, tuple[list[float], list[float]]] = {}
 _ROW_COSTS: dict[str, "RowCost"] = {}  # ... and what their passes showed a verified row to cost (``RowCost``)
 
 
@@ -235,16 +234,18 @@ def _learned_file(digest: str) -> Path:
     return cache_dir() / "costs" / f"{digest}.learned.json"
 
 
-def _read_learned(digest: str) -> tuple[float, float] | None:
-    """The pooled acceptance (kept, judged) that earlier processes left for this cost key (its digest
-    names the machine, versions, target and drafter); None (logged) when missing or unreadable."""
+def _read_learned(digest: str) -> tuple[list[float], list[float]] | None:
+    """The acceptance by candidate position (kept, judged counts) that earlier processes left for this
+    cost key (its digest names the machine, versions, target and drafter); None (logged) when missing
+    or unreadable."""
     path = _learned_file(digest)
     if not path.is_file():
         return None
     try:
         stored = json.loads(path.read_text())
-        kept, judged = float(stored["kept"]), float(stored["judged"])
-        if stored.get("digest") != digest or not (math.isfinite(judged) and 0 <= kept <= judged):
+        kept, judged = [float(v) for v in stored["kept"]], [float(v) for v in stored["judged"]]
+        if stored.get("digest") != digest or len(kept) != K_MAX or len(judged) != K_MAX or not all(
+                math.isfinite(j) and 0 <= k <= j for k, j in zip(kept, judged)):
             raise ValueError("wrong key or values")
         return kept, judged
     except (OSError, ValueError, TypeError, KeyError) as exc:
@@ -252,7 +253,7 @@ def _read_learned(digest: str) -> tuple[float, float] | None:
         return None
 
 
-def _write_learned(digest: str, kept: float, judged: float) -> None:
+def _write_learned(digest: str, kept: list[float], judged: list[float]) -> None:
     _write_json(_learned_file(digest), {"digest": digest, "kept": kept, "judged": judged}, "the learned acceptance")
 
 
@@ -441,18 +442,26 @@ def draft_line(draft: list[float]) -> list[float]:
 # ------------------------------------------------------------------------------------------ acceptance
 
 class Acceptance:
-    """Per-position acceptance estimates, censoring-aware, forgetting with every step.
+    """Per-position acceptance estimates, censoring-aware, forgetting with every step, at two speeds.
 
-    Every step (plain ones too) discounts what is known by ``DECAY``, so after a stretch without
-    speculation a probe's result outweighs what was seen long ago. Each position's estimate shrinks
-    toward the pooled rate over all positions, which forgets ten times slower (``POOLED_DECAY``): a
-    position not judged lately (K was smaller) takes the run's general rate, not an arbitrary prior.
+    Every step (plain ones too) discounts what is known: the recent counts by ``DECAY`` (~20 steps),
+    so after a stretch without speculation a probe's result outweighs what was seen long ago, and the
+    long-run counts ten times slower (``POOLED_DECAY``, ~200 steps). The estimates are nested: the
+    recent rate at a position shrinks toward that position's long-run rate, which shrinks toward the
+    rate pooled over every position (and that toward ``prior``: 1/2, or what earlier runs found). A
+    position not judged lately (K was smaller) takes its own long-run rate, or the run's general rate
+    if it was never judged. Without the per-position long run, the first candidate's estimate shrank
+    toward a pool that later, less often kept positions dragged down: a quantized self-draft whose
+    first candidate was kept 93% of the time looked, after two rejections, as if K=1 did not pay.
     """
 
     def __init__(self, positions: int = K_MAX) -> None:
         self.judged = [0.0] * positions
         self.kept = [0.0] * positions
+        self.slow_judged = [0.0] * positions  # the long-run counts, by position
+        self.slow_kept = [0.0] * positions
         self.pooled_judged = self.pooled_kept = 0.0
+        self.prior = 0.5  # what the pooled rate leans on before evidence
         self.bin_judged = [0.0] * BINS  # by draft confidence
         self.bin_kept = [0.0] * BINS
 
@@ -460,7 +469,7 @@ class Acceptance:
         """One step: ``proposed`` candidates, the first ``accepted`` kept. Positions 0..accepted were
         judged (the last of them rejected unless all were kept); later ones were not."""
         for values, decay in ((self.judged, DECAY), (self.kept, DECAY), (self.bin_judged, DECAY),
-                              (self.bin_kept, DECAY)):
+                              (self.bin_kept, DECAY), (self.slow_judged, POOLED_DECAY), (self.slow_kept, POOLED_DECAY)):
             values[:] = [decay * v for v in values]
         self.pooled_judged *= POOLED_DECAY
         self.pooled_kept *= POOLED_DECAY
@@ -468,6 +477,8 @@ class Acceptance:
             kept = float(i < accepted)
             self.judged[i] += 1
             self.kept[i] += kept
+            self.slow_judged[i] += 1
+            self.slow_kept[i] += kept
             self.pooled_judged += 1
             self.pooled_kept += kept
             if confidence is not None and i < len(confidence):
@@ -475,14 +486,29 @@ class Acceptance:
                 self.bin_judged[b] += 1
                 self.bin_kept[b] += kept
 
+    def start_from(self, kept: list[float], judged: list[float], weight: float) -> None:
+        """Begin from earlier runs' counts by position, each position's as at most ``weight`` judged
+        candidates, and the pooled rate as ``weight`` of them and as the prior."""
+        rate = sum(kept) / sum(judged)
+        self.prior = rate
+        self.pooled_kept, self.pooled_judged = weight * rate, weight
+        for i, (k, j) in enumerate(zip(kept, judged)):
+            if j > 0:
+                w = min(j, weight)
+                self.slow_kept[i], self.slow_judged[i] = w * k / j, w
+
     @property
     def pooled(self) -> float:
-        return (self.pooled_kept + 0.5 * PRIOR_WEIGHT) / (self.pooled_judged + PRIOR_WEIGHT)
+        return (self.pooled_kept + self.prior * PRIOR_WEIGHT) / (self.pooled_judged + PRIOR_WEIGHT)
+
+    def long_run(self) -> list[float]:
+        """Per position, the long-run rate pulled toward the pooled one by PRIOR_WEIGHT pseudo-observations."""
+        pooled = self.pooled
+        return [(k + PRIOR_WEIGHT * pooled) / (j + PRIOR_WEIGHT) for k, j in zip(self.slow_kept, self.slow_judged)]
 
     def alphas(self, weight: float = PRIOR_WEIGHT) -> list[float]:
-        """Per position, the recent rate pulled toward the pooled one by ``weight`` pseudo-observations."""
-        pooled = self.pooled
-        return [(k + weight * pooled) / (j + weight) for k, j in zip(self.kept, self.judged)]
+        """Per position, the recent rate pulled toward the position's long-run one by ``weight`` pseudo-observations."""
+        return [(k + weight * a) / (j + weight) for k, j, a in zip(self.kept, self.judged, self.long_run())]
 
     @staticmethod
     def bin(confidence: float) -> int:
@@ -669,23 +695,25 @@ class AutoK:
             self.row_cost = _ROW_COSTS[self._digest].halved()
         if self._digest not in _LEARNED and (stored := _read_learned(self._digest)) is not None:
             _LEARNED[self._digest] = stored  # an earlier process's runs: each CLI call is a process
-        kept, judged = _LEARNED.get(self._digest, (0.0, 0.0))
-        if judged <= 0:
+        kept, judged = _LEARNED.get(self._digest, ([0.0], [0.0]))
+        if sum(judged) <= 0:
             return
-        weight = min(judged, EARLIER_RUNS)
-        self.acceptance.pooled_kept, self.acceptance.pooled_judged = weight * kept / judged, weight
+        weight = min(sum(judged), EARLIER_RUNS)
+        self.acceptance.start_from(kept, judged, weight)
         self.judged = weight
-        self.prior_runs_rate = kept / judged
+        self.prior_runs_rate = sum(kept) / sum(judged)
 
     def finish(self) -> None:
         """The run has ended: leave its pooled acceptance for the process's next run (``start``)."""
         if not self.active or self._digest is None:
             return
         _ROW_COSTS[self._digest] = self.row_cost
-        if self.acceptance.pooled_judged <= 0:
+        a = self.acceptance
+        if sum(a.slow_judged) <= 0:
             return
-        kept, judged = _LEARNED.get(self._digest, (0.0, 0.0))
-        _LEARNED[self._digest] = (0.5 * kept + self.acceptance.pooled_kept, 0.5 * judged + self.acceptance.pooled_judged)
+        kept, judged = _LEARNED.get(self._digest, ([0.0] * K_MAX, [0.0] * K_MAX))
+        _LEARNED[self._digest] = ([0.5 * k + s for k, s in zip(kept, a.slow_kept)],
+                                  [0.5 * j + s for j, s in zip(judged, a.slow_judged)])
         _write_learned(self._digest, *_LEARNED[self._digest])
 
     @property
@@ -774,7 +802,7 @@ class AutoK:
             k = best  # still learning what this drafter achieves on this text
             self._warmup_budget -= extra
             self.warmup_steps += 1
-        elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(extra, seconds)):
+        elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(best, seconds)):
             k = best  # a probe: what does acceptance look like now?
             self.probes += 1
         else:
@@ -812,14 +840,17 @@ class AutoK:
         (measured; decayed like the acceptance counts; 0 before any)."""
         return self._stop_tokens / self._stop_seconds if self._stop_seconds > 0 else 0.0
 
-    def _probe_wait(self, extra: float, seconds: list[float]) -> float:
-        """Plain steps between probes so that probes, each ``extra`` seconds over a plain step (their
-        tokens not counted), cost at most PROBE_SHARE of the time, PROBE_SHARE_PAYING while the run's
-        pooled acceptance (~200 steps) says some K beats plain decoding. Then a stretch run plain is more
-        likely a dip than the text's nature, and probes come back sooner: a 0.5B draft for a 1.5B target
-        (0.36 of a step) otherwise waited ~37 plain steps after every dip."""
-        paying = self._some_k_pays(self._rates([self.acceptance.pooled] * K_MAX, seconds))
-        return extra / ((PROBE_SHARE_PAYING if paying else PROBE_SHARE) * seconds[0])
+    def _probe_wait(self, k: int, seconds: list[float]) -> float:
+        """Plain steps between probes of ``k`` candidates (a step asking for k costs ``seconds[k]``) so
+        that probes cost at most PROBE_SHARE of the time. A probe's cost is what it takes beyond the
+        plain steps its tokens would have taken, at the long-run acceptance by position (~200 steps): a
+        plain stretch in a run whose long run says speculation pays is more likely a dip than the text's
+        nature, and such a probe about pays for itself. Priced at its whole extra time, a quantized
+        self-draft costing 0.7 of a step, its first candidate kept 90% of the time, probed once in 80
+        steps and ran runs on the edge of paying plain for most of their steps; a 0.5B draft for a 1.5B
+        target (0.36 of a step) waited ~37 plain steps after every dip."""
+        net = seconds[k] - chain_tokens(self.acceptance.long_run(), k)[k] * seconds[0]
+        return max(0.0, net) / (PROBE_SHARE * seconds[0])
 
     @property
     def wants_confidence(self) -> bool:
