@@ -538,6 +538,32 @@ def test_a_cheap_rated_drafter_asks_every_step():
         assert (0 in ks) is not always
 
 
+@pytest.mark.parametrize("probe", [True, False])
+def test_proposals_cut_to_nothing_are_probed(probe, monkeypatch):
+    """A step cut to nothing judges nothing: estimates that say no candidate pays (a bench warm-up whose
+    lookup candidates were all rejected) could never be shown wrong, and a run cut every one of its 127
+    proposals where fixed K=2 made 1.18x. After PROBE_FIRST proposals in a row cut to nothing the next
+    keeps its first candidate; once those are kept the cut lets the well-rated ones through. Control:
+    without the probe (PROBE_FIRST beyond the run) nothing is ever verified."""
+    if not probe:
+        monkeypatch.setattr(adaptive, "PROBE_FIRST", 10_000)
+    auto = _controller(_curve(verify_per_row=0.3, draft_per_token=0.001))
+    for _ in range(60):
+        auto.acceptance.observe(3, 0, confidence=[0.9])  # learned: well-rated candidates are rejected
+    auto._confidence_seen = auto._rated = True  # the drafter has rated its proposals before
+    verified = []
+    for _ in range(80):  # the text has turned copy-heavy: every candidate would be kept
+        k = auto.choose(budget=100)
+        kept = auto.cut([0.9] * 4) if k else 0
+        verified.append(kept)
+        auto.observe(k, kept, kept, kept + 1, 0.001 * k, 1.0 + 0.3 * kept, 0.0)
+    if probe:
+        assert verified[:adaptive.PROBE_FIRST] == [0] * adaptive.PROBE_FIRST and verified[adaptive.PROBE_FIRST] == 1
+        assert auto.probes >= 1 and sum(v > 1 for v in verified[-20:]) >= 15
+    else:
+        assert sum(verified) == 0
+
+
 def _passes(auto: AutoK, extra_per_row: float, level: float = 1.0, steps: int = 300) -> None:
     """Feed ``auto`` passes of 1-6 rows that take ``level`` x (the curve's price + ``extra_per_row`` per row
     beyond the first), with +-5% noise."""

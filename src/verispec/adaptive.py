@@ -448,7 +448,7 @@ class Acceptance:
     so after a stretch without speculation a probe's result outweighs what was seen long ago, and the
     long-run counts ten times slower (``POOLED_DECAY``, ~200 steps). The estimates are nested: the
     recent rate at a position shrinks toward that position's long-run rate, which shrinks toward the
-    rate pooled over every position (and that toward ``prior``: 1/2, or what earlier runs found). A
+    rate pooled over every position (and that toward 1/2). A
     position not judged lately (K was smaller) takes its own long-run rate, or the run's general rate
     if it was never judged. Without the per-position long run, the first candidate's estimate shrank
     toward a pool that later, less often kept positions dragged down: a quantized self-draft whose
@@ -461,7 +461,6 @@ class Acceptance:
         self.slow_judged = [0.0] * positions  # the long-run counts, by position
         self.slow_kept = [0.0] * positions
         self.pooled_judged = self.pooled_kept = 0.0
-        self.prior = 0.5  # what the pooled rate leans on before evidence
         self.bin_judged = [0.0] * BINS  # by draft confidence
         self.bin_kept = [0.0] * BINS
 
@@ -488,9 +487,10 @@ class Acceptance:
 
     def start_from(self, kept: list[float], judged: list[float], weight: float) -> None:
         """Begin from earlier runs' counts by position, each position's as at most ``weight`` judged
-        candidates, and the pooled rate as ``weight`` of them and as the prior."""
+        candidates, and the pooled rate as ``weight`` of them. The prior stays 1/2: centred on an earlier
+        rate of 0 (a bench's 8-token warm-up whose lookup candidates were all rejected), prompt lookup's
+        cut verified nothing for whole runs, so nothing could show it wrong."""
         rate = sum(kept) / sum(judged)
-        self.prior = rate
         self.pooled_kept, self.pooled_judged = weight * rate, weight
         for i, (k, j) in enumerate(zip(kept, judged)):
             if j > 0:
@@ -499,7 +499,7 @@ class Acceptance:
 
     @property
     def pooled(self) -> float:
-        return (self.pooled_kept + self.prior * PRIOR_WEIGHT) / (self.pooled_judged + PRIOR_WEIGHT)
+        return (self.pooled_kept + 0.5 * PRIOR_WEIGHT) / (self.pooled_judged + PRIOR_WEIGHT)
 
     def long_run(self) -> list[float]:
         """Per position, the long-run rate pulled toward the pooled one by PRIOR_WEIGHT pseudo-observations."""
@@ -638,6 +638,7 @@ class AutoK:
         self.steps = 0
         self.plain_steps = self.probes = self.warmup_steps = 0
         self.candidates_cut = self.cut_to_plain = 0  # by ``cut``: candidates dropped, steps made plain
+        self._cut_in_a_row = 0  # proposals ``cut`` to nothing since one was verified
         self.judged = 0  # candidates judged in this run (not decayed): the warm-up's evidence
         self._warmup_budget: float | None = None  # seconds the warm-up may cost over plain steps
         self.since_speculation = 0  # plain steps in a row
@@ -879,7 +880,11 @@ class AutoK:
         (P(it and all before it kept), from the acceptance by confidence) than its verified row's seconds
         buy at the yardstick rate (the stop's). 0 makes the step a plain one. Drafting is already paid,
         so only rows count; the expected gain only falls along the proposal, so the first candidate
-        that does not pay ends it."""
+        that does not pay ends it.
+
+        A step cut to nothing judges nothing, so estimates that say no candidate pays could never be
+        shown wrong: after PROBE_FIRST proposals in a row cut to nothing, the next keeps its first
+        candidate (a probe of one verified row)."""
         self._confidence_seen = self._rated = True
         reach, keep = 1.0, 0
         below = self._verify(1)  # the pass without the candidate under test
@@ -889,6 +894,10 @@ class AutoK:
             if reach <= (above - below) * self.verify_scale * self._rate:
                 break
             keep, below = j + 1, above
+        self._cut_in_a_row = self._cut_in_a_row + 1 if keep == 0 and confidence else 0
+        if self._cut_in_a_row > PROBE_FIRST:
+            keep, self._cut_in_a_row = 1, 0
+            self.probes += 1
         self._confidence = list(confidence[:keep])
         self._stopped = keep < len(confidence)
         self.candidates_cut += len(confidence) - keep
