@@ -23,8 +23,9 @@ every ``PROBE_FIRST`` plain steps, or after as many as keep probes under ``PROBE
 that is more. A probe costs what it takes beyond the plain steps its tokens would have taken, at the
 run's long-run acceptance (a draft costing most of a step whose candidates are rejected waits ~90
 steps; one whose long run says speculation pays, after a dip, probes every ``PROBE_FIRST``):
-speculation returns when the text turns predictable again. A speculating run stops only when estimates pulled harder toward the pooled rate
-(``STEADY_WEIGHT`` pseudo-observations, not ``PRIOR_WEIGHT``) also say no K pays: one rejection after
+speculation returns when the text turns predictable again. A speculating run stops only when
+estimates pulled harder toward each position's long-run rate (``STEADY_WEIGHT`` pseudo-observations,
+not ``PRIOR_WEIGHT``) also say no K pays: one rejection after
 a long run of kept candidates is not a reason to stop (it sent a quantized self-draft plain for 39 of
 71 steps). A proposal that ends
 before K without the draft-side stop (prompt lookup's match ran out) counts as a rejection at the
@@ -119,8 +120,8 @@ ROUNDS = 4  # measurements per point of the cost curve (the fastest counts), aft
 ROW_DECAY = 0.99  # per-pass forgetting of what verified rows cost (a window of ~100 passes)
 ROW_PRIOR = 4.0  # how hard the per-row extra leans on 0 (see RowCost)
 DECAY = 0.95  # per-step forgetting of the acceptance estimates (a window of ~20 steps)
-POOLED_DECAY = 0.995  # the pooled rate's (~200 steps)
-PRIOR_WEIGHT = 2.0  # pseudo-observations that pull a position's estimate toward the pooled rate
+POOLED_DECAY = 0.995  # the long-run rates' (~200 steps)
+PRIOR_WEIGHT = 2.0  # pseudo-observations pulling an estimate one level up (recent -> long run -> pool)
 STEADY_WEIGHT = 6.0  # ... as many, for whether to stop speculating (see AutoK.choose)
 BINS = 10  # draft-confidence bins
 CACHE_VERSION = 7  # 2: curves carry the attention cost per cached position; 3: the draft curve is a line; 4: an untimed first round; 5: verification judged as the loop does; 6: the rows a curve measured; 7: learned acceptance by position
@@ -448,9 +449,8 @@ class Acceptance:
     so after a stretch without speculation a probe's result outweighs what was seen long ago, and the
     long-run counts ten times slower (``POOLED_DECAY``, ~200 steps). The estimates are nested: the
     recent rate at a position shrinks toward that position's long-run rate, which shrinks toward the
-    rate pooled over every position (and that toward 1/2). A
-    position not judged lately (K was smaller) takes its own long-run rate, or the run's general rate
-    if it was never judged. Without the per-position long run, the first candidate's estimate shrank
+    rate pooled over every position (and that toward 1/2). A position not judged lately (K was
+    smaller) takes its own long-run rate, or the run's general rate if it was never judged. Without the per-position long run, the first candidate's estimate shrank
     toward a pool that later, less often kept positions dragged down: a quantized self-draft whose
     first candidate was kept 93% of the time looked, after two rejections, as if K=1 did not pay.
     """
@@ -779,8 +779,8 @@ class AutoK:
             self._warmup_budget = WARMUP_SHARE * budget * seconds[0]
         pays = spec_rate > rates[0] * (1 + MARGIN)
         if not pays and self.judged >= WARMUP_JUDGED and self.steps and not self.since_speculation:
-            # Whether to stop speculating rests on steadier estimates, pulled harder toward the run's
-            # pooled rate: one rejection after a long run of kept candidates is no reason to stop. With
+            # Whether to stop speculating rests on steadier estimates, pulled harder toward each
+            # position's long-run rate: one rejection after a long run of kept candidates is no reason to stop. With
             # the recent estimates alone (2 pseudo-observations) the first step's rejection of a
             # quantized self-draft, kept ~92% of the time over the text, took the first position's
             # estimate from 0.89 to 0.54 and the run plain for 39 of its 71 steps (Spec-Bench rag 483,
@@ -850,7 +850,7 @@ class AutoK:
         self-draft costing 0.7 of a step, its first candidate kept 90% of the time, probed once in 80
         steps and ran runs on the edge of paying plain for most of their steps; a 0.5B draft for a 1.5B
         target (0.36 of a step) waited ~37 plain steps after every dip."""
-        net = seconds[k] - chain_tokens(self.acceptance.long_run(), k)[k] * seconds[0]
+        net = seconds[k] - expected_tokens(self.acceptance.long_run(), k) * seconds[0]
         return max(0.0, net) / (PROBE_SHARE * seconds[0])
 
     @property
