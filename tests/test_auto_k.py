@@ -368,6 +368,50 @@ def test_a_drafter_that_could_not_pay_even_if_every_candidate_were_kept_never_sp
         assert ks == [0] * 400 and auto.warmup_steps == auto.probes == 0
 
 
+def _plain_stretch(auto: AutoK, steps: int = 80) -> tuple[list[int], int]:
+    """Run ``auto`` as the loop does where no K pays (every probe rejected at once), plain steps taking
+    1.1-1.3x the curve; the K chosen at each step, and how often the decision was weighed in full."""
+    chance, ks, weighed = random.Random(1), [], 0
+    asking = auto.asking
+
+    def counted(*args):
+        nonlocal weighed
+        weighed += 1
+        return asking(*args)
+
+    auto.asking = counted
+    for _ in range(60):
+        auto.acceptance.observe(4, 0)
+    for step in range(steps):
+        k = auto.choose(budget=1000 - step)
+        ks.append(k)
+        auto.observe(k, k, 0, 1, 0.05 * k, chance.uniform(1.1, 1.3) * (1.0 + 0.02 * k), 0.001 * chance.random())
+    return ks, weighed
+
+
+@pytest.mark.parametrize("learning", ["deferred", "dropped"])
+def test_a_plain_stretch_weighs_its_decision_every_few_steps_and_learns_from_every_step(monkeypatch, learning):
+    """In a plain stretch the full decision runs every PLAIN_RECHECK steps and on the step a probe is due
+    (it costs ~40 us with the interpreter's caches cold after a target pass); the steps in between are
+    learned from when it runs, in order: the same choices, probes, estimates, prices and predictions as
+    weighing every step. Control: deferred steps never learned from (the drift and predictions differ)."""
+    weigh_every = _controller(_curve())
+    monkeypatch.setattr(adaptive, "PLAIN_RECHECK", 1)
+    every_ks, every_weighed = _plain_stretch(weigh_every)
+    monkeypatch.setattr(adaptive, "PLAIN_RECHECK", 4)
+    fast = _controller(_curve())
+    if learning == "dropped":
+        monkeypatch.setattr(fast, "_catch_up", lambda: fast._deferred.clear())
+    fast_ks, fast_weighed = _plain_stretch(fast)
+    assert every_weighed == 80 and fast_weighed <= 80 / 4 + fast.probes + 1, (fast_weighed, fast.probes)
+    assert fast.probes >= 3 and 0 in fast_ks
+    same = fast_ks == every_ks and all(
+        fast.report()[key] == pytest.approx(weigh_every.report()[key], rel=1e-9)
+        for key in ("predicted_speedup", "measured_speedup", "acceptance_estimates", "plain_steps", "probes"))
+    same = same and fast.verify_scale == pytest.approx(weigh_every.verify_scale, rel=1e-9)
+    assert same is (learning == "deferred"), (fast_ks, every_ks, fast.report(), weigh_every.report())
+
+
 def test_drafts_are_priced_at_the_machine_s_drift_when_a_run_is_mostly_plain():
     """Plain steps that take 1.2x the measured curve (a busier machine) make every draft dearer too,
     although no draft ran: the draft is the same machine's work. Drafts that then run at the curve's
@@ -376,8 +420,8 @@ def test_drafts_are_priced_at_the_machine_s_drift_when_a_run_is_mostly_plain():
     auto = _controller(curve)
     for _ in range(60):
         auto.observe(0, 0, 0, 1, 0.0, 1.2 * curve.verify[0], 0.0)
-    assert auto.verify_scale == pytest.approx(1.2, rel=0.01)
     assert auto.cost(4) == pytest.approx(1.2 * (curve.draft[4] + curve.verify[4]), rel=0.01)
+    assert auto.verify_scale == pytest.approx(1.2, rel=0.01)  # (plain steps are learned from when priced)
     for _ in range(60):
         auto.observe(4, 4, 0, 1, curve.draft[4], 1.2 * curve.verify[4], 0.0)
     assert auto.cost(4) == pytest.approx(curve.draft[4] + 1.2 * curve.verify[4], rel=0.02)

@@ -113,6 +113,7 @@ CURVE_ROWS = 16  # verification passes measured over M = 1..CURVE_ROWS positions
 MARGIN = 0.03  # a K > 0 must be predicted this much faster than plain decoding
 PROBE_FIRST = 8  # plain steps between probes at least ...
 PROBE_SHARE = 0.01  # ... and enough that probes cost at most this share of the time
+PLAIN_RECHECK = 4  # a plain stretch weighs its decision again every this many steps (and when a probe is due)
 WARMUP_JUDGED = 8  # a run speculates until this many candidates were judged ...
 WARMUP_SHARE = 0.015  # ... unless that would cost more than this share of its plain decoding
 EARLIER_RUNS = 8.0  # earlier runs' acceptance starts a run as this many judged candidates at most
@@ -464,14 +465,13 @@ class Acceptance:
         self.bin_judged = [0.0] * BINS  # by draft confidence
         self.bin_kept = [0.0] * BINS
 
-    def observe(self, proposed: int, accepted: int, confidence: list[float] | None = None) -> None:
+    def observe(self, proposed: int, accepted: int, confidence: list[float] | None = None,
+                forget: bool = True) -> None:
         """One step: ``proposed`` candidates, the first ``accepted`` kept. Positions 0..accepted were
-        judged (the last of them rejected unless all were kept); later ones were not."""
-        for values, decay in ((self.judged, DECAY), (self.kept, DECAY), (self.bin_judged, DECAY),
-                              (self.bin_kept, DECAY), (self.slow_judged, POOLED_DECAY), (self.slow_kept, POOLED_DECAY)):
-            values[:] = [decay * v for v in values]
-        self.pooled_judged *= POOLED_DECAY
-        self.pooled_kept *= POOLED_DECAY
+        judged (the last of them rejected unless all were kept); later ones were not. ``forget=False``:
+        the step's forgetting was done already."""
+        if forget:
+            self.forget()
         for i in range(min(proposed, accepted + 1, len(self.judged))):
             kept = float(i < accepted)
             self.judged[i] += 1
@@ -484,6 +484,15 @@ class Acceptance:
                 b = self.bin(confidence[i])
                 self.bin_judged[b] += 1
                 self.bin_kept[b] += kept
+
+    def forget(self, steps: int = 1) -> None:
+        """What ``steps`` steps do to the counts before their own observations (a plain step: all it does)."""
+        fast, slow = DECAY ** steps, POOLED_DECAY ** steps
+        for values, decay in ((self.judged, fast), (self.kept, fast), (self.bin_judged, fast),
+                              (self.bin_kept, fast), (self.slow_judged, slow), (self.slow_kept, slow)):
+            values[:] = [decay * v for v in values]
+        self.pooled_judged *= slow
+        self.pooled_kept *= slow
 
     def start_from(self, kept: list[float], judged: list[float], weight: float) -> None:
         """Begin from earlier runs' counts by position, each position's as at most ``weight`` judged
@@ -671,6 +680,11 @@ class AutoK:
         self._stop_step = False  # the current step's length is the draft-side stop's
         self._stop_tokens = self._stop_seconds = 0.0  # such steps' predicted tokens and seconds, decayed
         self._alphas = self.acceptance.alphas()
+        # A plain stretch's fast path: steps left before its decision is weighed again, and the steps
+        # taken meanwhile, learned from only when it is (``_catch_up``; the same updates, in order).
+        self._plain_ahead = 0
+        self._costs_learned = 0  # steps ``_learn_costs`` has seen (the first sets the overhead)
+        self._deferred: list[tuple[int, int, int, float, float]] = []
 
     def start(self, model: Any, drafter: Any, context: Any, judge: Judge | None = None) -> None:
         """Before the run's first step: the cost curve (measured now, ``judge`` judging each timed pass as
@@ -706,6 +720,7 @@ class AutoK:
 
     def finish(self) -> None:
         """The run has ended: leave its pooled acceptance for the process's next run (``start``)."""
+        self._catch_up()
         if not self.active or self._digest is None:
             return
         _ROW_COSTS[self._digest] = self.row_cost
@@ -723,6 +738,8 @@ class AutoK:
 
     def cost(self, k: int, context: int | None = None) -> float:
         """Seconds of a step with k candidates, at ``context`` cached positions (default: the run's now)."""
+        if self._deferred:
+            self._catch_up()
         curve = self.curve
         rows = self._price(k + 1, len(self._tokens) - 1 if context is None else context)
         return (curve.draft[k] * self.draft_scale + rows) * self.verify_scale + curve.overhead
@@ -750,6 +767,7 @@ class AutoK:
         """Predicted committed tokens per second for K = 0..min(K_MAX, budget), for a step whose drafter
         proposes (a step asking for candidates and getting none is a plain step: K = 0's rate);
         ``seconds``: ``asking``'s prices for those K, when the caller has them."""
+        self._catch_up()
         self._alphas = self.acceptance.alphas()
         return self._rates(self._alphas, self.asking(min(K_MAX, budget)) if seconds is None else seconds)
 
@@ -760,8 +778,17 @@ class AutoK:
         return [tokens / s for tokens, s in zip(chain_tokens(alphas, len(seconds) - 1), seconds)]
 
     def choose(self, budget: int) -> int:
-        """K for the next step (``budget``: candidates the run can still use)."""
+        """K for the next step (``budget``: candidates the run can still use).
+
+        In a plain stretch the decision is weighed every PLAIN_RECHECK steps and on the step a probe is
+        due, not every step: in between, estimates change only by forgetting, and the whole evaluation
+        cost ~40 us a step with the interpreter's caches cold after a target pass (layer skip and
+        early exit runs that stayed plain ran 1.5-3% behind plain decoding, BENCHMARKS.md section 23)."""
         self._step_context = len(self._tokens) - 1
+        if self._plain_ahead > 0:
+            self._plain_ahead -= 1
+            return 0
+        self._catch_up()
         if not self.active:
             return 0
         if budget <= 0:
@@ -799,15 +826,19 @@ class AutoK:
             k = best
         elif not self._could_pay(seconds):
             k = 0  # not even a draft whose every candidate is kept would beat plain decoding: nothing to learn
+            self._plain_ahead = PLAIN_RECHECK - 1
         elif self.judged < WARMUP_JUDGED and extra <= self._warmup_budget:
             k = best  # still learning what this drafter achieves on this text
             self._warmup_budget -= extra
             self.warmup_steps += 1
-        elif self.since_speculation >= max(PROBE_FIRST, self._probe_wait(best, seconds)):
+        elif self.since_speculation >= (due := max(PROBE_FIRST, self._probe_wait(best, seconds))):
             k = best  # a probe: what does acceptance look like now?
             self.probes += 1
         else:
             k = 0
+            # the steps before the probe is due (this one makes since_speculation one more), at most
+            # PLAIN_RECHECK - 1 of them
+            self._plain_ahead = max(0, min(PLAIN_RECHECK - 1, math.ceil(due - self.since_speculation) - 1))
         # The stop's yardstick: one more candidate must add more tokens than its seconds buy at this rate.
         self._rate = rates[best]
         m = self.proposes if k else 1.0  # without a proposal the step is a plain one
@@ -862,6 +893,7 @@ class AutoK:
         go on while one more candidate is expected to add more tokens than its cost takes away."""
         self._confidence.append(confidence)
         self._confidence_seen = True
+        self._plain_ahead = 0  # a drafter's confidence changes what pays (see choose)
         k = len(self._confidence)
         if k >= K_MAX:
             return True
@@ -886,6 +918,7 @@ class AutoK:
         shown wrong: after PROBE_FIRST proposals in a row cut to nothing, the next keeps its first
         candidate (a probe of one verified row)."""
         self._confidence_seen = self._rated = True
+        self._plain_ahead = 0  # rated proposals change what pays (see choose)
         reach, keep = 1.0, 0
         below = self._verify(1)  # the pass without the candidate under test
         for j, c in enumerate(confidence[:K_MAX]):
@@ -910,20 +943,53 @@ class AutoK:
         ``committed`` tokens committed, and its measured times (which refine the curve)."""
         if not self.active:
             return
-        curve = self.curve
+        self.steps += 1
+        if asked:
+            self.since_speculation = self._plain_ahead = 0  # a stretch's decision stands for plain steps only
+        else:
+            self.plain_steps += 1
+            self.since_speculation += 1
+        if not asked:  # a plain step: learned from when the next decision is weighed (``_catch_up``)
+            self._deferred.append((self._step_context, len(self._tokens) - 1, committed, verify_seconds, other_seconds))
+            return
+        self._catch_up()
+        self._learn(asked, proposed, accepted, committed, draft_seconds, verify_seconds, other_seconds,
+                    len(self._tokens) - 1)
+
+    def _catch_up(self) -> None:
+        """Learn from the plain steps the fast path took, in order, as ``observe`` would have then."""
+        if not self._deferred:
+            return
+        deferred, self._deferred, chosen_at = self._deferred, [], self._step_context
+        self._forget(len(deferred))
+        for context, now, committed, verify_seconds, other_seconds in deferred:
+            self._step_context = context
+            self._prediction = (1.0, self.cost(0, context))
+            self._learn_costs(0, committed, 0.0, verify_seconds, other_seconds, now)
+        self._step_context = chosen_at
+
+    def _forget(self, steps: int = 1) -> None:
+        """Every step forgets (plain ones too): the acceptance counts, and what the stop's steps achieved
+        (after a plain stretch a probe of them outweighs what they achieved long ago)."""
+        self.acceptance.forget(steps)
+        self._stop_tokens *= DECAY ** steps
+        self._stop_seconds *= DECAY ** steps
+
+    def _learn(self, asked: int, proposed: int, accepted: int, committed: int, draft_seconds: float,
+               verify_seconds: float, other_seconds: float, context: int) -> None:
+        """``observe``'s updates of the estimates, prices and predictions (``context``: positions
+        cached after the step)."""
         # A proposal shorter than asked that was kept whole ended the chain there (prompt lookup's match
         # ran out; a drafter with nothing to propose): that position counts as a rejection, unless the
         # draft-side stop chose to end it.
         chain_ended = accepted == proposed < asked and not self._stopped
-        # Every step forgets (plain ones too, as the acceptance counts do): after a plain stretch a probe
-        # of the stop's steps outweighs what they achieved long ago.
-        self._stop_tokens *= DECAY
-        self._stop_seconds *= DECAY
-        if self._stop_step and (proposed or self._stopped):
-            # The stop chose the length: predict the step from the proposal as drafted (the acceptance by
-            # each candidate's confidence, as the estimates stood), and price it at what it holds (a
-            # proposal ``cut`` to nothing: a plain step).
-            kept = [self.acceptance.by_confidence(c) for c in self._confidence[:proposed]]
+        stop_chose = self._stop_step and (proposed or self._stopped)
+        # the acceptance by each candidate's confidence, as the estimates stood when it was drafted
+        kept = [self.acceptance.by_confidence(c) for c in self._confidence[:proposed]] if stop_chose else []
+        self._forget()
+        if stop_chose:
+            # The stop chose the length: predict the step from the proposal as drafted, and price it at
+            # what it holds (a proposal ``cut`` to nothing: a plain step).
             self._prediction = (chain_tokens(kept, proposed)[-1], self.cost(proposed, self._step_context))
             # What such steps achieve, in the seconds they really took (self-correcting where the curve
             # prices a proposal too cheaply).
@@ -936,18 +1002,16 @@ class AutoK:
             self.answered = DECAY * self.answered + (proposed > 0 or self._stopped)  # cut to nothing: it proposed
             if proposed and not self._stop_step and not self._stopped:  # a stop's length says nothing of reach
                 self.lengths.observe(asked, proposed)
-        if proposed or not asked:
-            self.acceptance.observe(proposed + chain_ended, accepted, self._confidence or None)
+        if proposed or not asked:  # (nothing proposed although asked, or all cut: nothing judged)
+            self.acceptance.observe(proposed + chain_ended, accepted, self._confidence or None, forget=False)
             self.judged += min(proposed + chain_ended, accepted + 1)
-        else:  # nothing proposed although asked (or all cut): a plain step, nothing judged, time passed
-            self.acceptance.observe(0, 0)
-        self.steps += 1
-        if asked:
-            self.since_speculation = 0
-        else:
-            self.plain_steps += 1
-            self.since_speculation += 1
-        plain = self.cost(0)
+        self._learn_costs(proposed, committed, draft_seconds, verify_seconds, other_seconds, context)
+
+    def _learn_costs(self, proposed: int, committed: int, draft_seconds: float, verify_seconds: float,
+                     other_seconds: float, context: int) -> None:
+        """The step's predicted and measured seconds summed, and the prices' drift."""
+        curve = self.curve
+        plain = self.cost(0, context)
         tokens, seconds = self._prediction
         self.predicted_plain_seconds += plain * tokens
         self.predicted_seconds += seconds
@@ -965,10 +1029,12 @@ class AutoK:
                                   curve.verify[0])
         if 0 < proposed <= K_MAX and curve.draft[proposed] > 0:
             self.draft_scale = _drift(self.draft_scale, draft_seconds / (curve.draft[proposed] * self.verify_scale))
-        curve.overhead = other_seconds if self.steps == 1 else 0.9 * curve.overhead + 0.1 * other_seconds
+        curve.overhead = other_seconds if not self._costs_learned else 0.9 * curve.overhead + 0.1 * other_seconds
+        self._costs_learned += 1
 
     def report(self) -> dict[str, Any]:
         """What the controller chose and why, for ``result.stats``."""
+        self._catch_up()
         out: dict[str, Any] = {
             "k_mode": f"auto:{self.mode}",
             "calibration_seconds": self.calibration_seconds,
