@@ -21,7 +21,7 @@ OPTIONAL_NUMBER = (int, float, type(None))
 RECORD_SCHEMA = {
     "type": str, "schema": int, "setting": str, "params": dict, "target": str, "pair": str, "acceptance": str,
     "hardware": dict, "versions": dict, "dtype": str, "quantization": (str, type(None)), "compared_with": str,
-    "timing": str,
+    "timing": str, "prefill_chunk": int,
     "workload": str, "prompt_id": str, "chat_template": bool,
     "repetition": int, "mode": str, "temperature": NUMBER, "top_k": int, "top_p": NUMBER,
     # GenerationStats fields
@@ -232,6 +232,7 @@ ngram = 2
     assert result.exit_code == 0, result.output
     records = [r for r in read_results(out)[1]]
     assert len(records) == 2 * 4 and {r["timing"] for r in records} == {"interleaved"}
+    assert {r["prefill_chunk"] for r in records} == {128}
     assert all(r["identical_to_plain"] for r in records if r["setting"] != "plain")
     assert all(0 < r["first_token_seconds"] <= r["wall_seconds"] for r in records)
     # every method compares with a plain run made beside it, not with the prompt's recorded plain run
@@ -396,7 +397,18 @@ BAD_CONFIGS = {
     "bad timing": ({"target": "m", "timing": "parallel"}, "'timing' must be sequential or interleaved"),
     "interleaved transformers": ({"target": "m", "timing": "interleaved", "methods": [{"name": "hf-plain"}]},
                                  "transformers' generate runs whole"),
+    "bad prefill chunk": ({"target": "m", "prefill_chunk": -1}, "'prefill_chunk' must be an integer >= 0"),
+    "prefill chunk not a number": ({"target": "m", "prefill_chunk": "big"}, "'prefill_chunk' must be an integer"),
+    "chunked transformers": ({"target": "m", "prefill_chunk": 64, "methods": [{"name": "hf-plain"}]},
+                             "transformers' generate prefills in one pass"),
 }
+
+
+def test_interleaved_timing_prefills_in_chunks_unless_told_otherwise():
+    assert load_config(base={"target": "m", "timing": "interleaved"}).prefill_chunk == 128
+    assert load_config(base={"target": "m"}).prefill_chunk == 0  # sequential: one pass, as users run
+    assert load_config(base={"target": "m", "timing": "interleaved"}, prefill_chunk=0).prefill_chunk == 0
+    assert load_config(base={"target": "m", "timing": "interleaved", "prefill_chunk": 32}).prefill_chunk == 32
 
 
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))

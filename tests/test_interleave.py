@@ -93,3 +93,74 @@ def test_each_run_is_timed_by_its_own_steps_and_the_runs_stay_level():
     assert all(0 <= plain_done - done <= k + 1 or plain_done == n
                for (plain_done, _), done in zip(slow_drafter.seen, committed))
     assert plain_result.token_ids == slow_result.token_ids and slow_result.stats.accepted_tokens > 0
+
+
+def _spy_prefill_passes(monkeypatch, model, prompt_length):
+    """Note (run, first position, positions) of every target pass over the prompt, a run named by its cache."""
+    passes, names = [], {}
+    forward = model.forward
+
+    def spied(ids, cache, start, last_only=False):
+        if start < prompt_length:
+            passes.append((names.setdefault(id(cache), len(names)), start, ids.numel()))
+        return forward(ids, cache, start, last_only=last_only)
+
+    monkeypatch.setattr(model, "forward", spied)
+    return passes
+
+
+def test_a_chunked_prefill_gives_the_tokens_and_log_probabilities_of_one_pass():
+    model = tiny_model(vocab=16, seed=0, layers=4)
+    prompt = [2, 11, 4, 8, 2, 11, 4, 9, 1]
+    for drafter in (None, verispec.PromptLookup(ngram=2, k=3)):
+        whole = Generation(model, input_ids=prompt, max_new_tokens=12, ignore_eos=True, logprobs=True,
+                           drafter=drafter).result()
+        if drafter is not None:
+            drafter = verispec.PromptLookup(ngram=2, k=3)
+        run = Generation(model, input_ids=prompt, max_new_tokens=12, ignore_eos=True, logprobs=True,
+                         drafter=drafter, prefill_chunk=4)
+        steps = list(run)  # iterating a run yields its steps only, never the pauses between prefill chunks
+        chunked = run.result()
+        assert all(isinstance(step, verispec.Step) for step in steps) and len(steps) == chunked.stats.decode_steps + 1
+        assert chunked.token_ids == whole.token_ids
+        assert chunked.target_logprobs == pytest.approx(whole.target_logprobs, abs=1e-5)
+        assert chunked.stats.target_calls == whole.stats.target_calls + 2  # 9 positions: passes of 4, 4 and 1
+    with pytest.raises(verispec.VerispecError, match="prefill_chunk must be an integer >= 1"):
+        Generation(model, input_ids=prompt, max_new_tokens=4, prefill_chunk=0)
+
+
+@pytest.mark.parametrize("scheduler", ["sees the prefill", "blind to the prefill"])
+def test_interleaved_runs_step_through_their_prefills_chunk_by_chunk(monkeypatch, scheduler):
+    """Lockstep covers the prefill: two runs' chunks alternate, so a long prompt's prefill meets the
+    same machine conditions in both. The control hides how far each prefill has come from the
+    scheduler (as before chunks were stepped): the first run's chunks then all come first, and it fails."""
+    model = tiny_model(vocab=16, seed=0, layers=4)
+    prompt = [2, 11, 4, 8, 2, 11, 4, 9, 1]
+    passes = _spy_prefill_passes(monkeypatch, model, len(prompt))
+    runs = [Generation(model, input_ids=prompt, max_new_tokens=6, ignore_eos=True, prefill_chunk=3,
+                       drafter=None if i == 0 else verispec.PromptLookup(ngram=2, k=2)) for i in range(2)]
+    if scheduler == "blind to the prefill":
+        monkeypatch.setattr(Generation, "prefilled", property(lambda self: 0, lambda self, value: None), raising=False)
+    run_interleaved(runs)
+    expected = [(run, start, 3) for start in (0, 3, 6) for run in (0, 1)]
+    if scheduler == "sees the prefill":
+        assert passes == expected
+    else:
+        assert sorted(passes) == sorted(expected)  # the same passes, in the wrong order
+        with pytest.raises(AssertionError):
+            assert passes == expected
+
+
+def test_a_chunked_prefill_is_timed_by_its_own_passes():
+    """What runs between two chunks (another run's chunk, under lockstep) is not the run's prefill time."""
+    model = tiny_model(vocab=16, seed=0, layers=4)
+    run = Generation(model, input_ids=list(range(1, 13)), max_new_tokens=4, ignore_eos=True, prefill_chunk=4)
+    began = time.perf_counter()
+    while not run.new_ids:
+        run.advance()
+        time.sleep(0.05)  # between chunks: two pauses before the third chunk gives the first token
+    elapsed = time.perf_counter() - began
+    assert elapsed >= 0.15
+    assert run.stats.prefill_seconds < elapsed - 0.09  # neither pause between chunks counted
+    run.result()
+    assert run.stats.first_token_seconds == run.stats.prefill_seconds

@@ -280,6 +280,9 @@ def drafters_command() -> None:
 @click.option("--timing", type=click.Choice(["sequential", "interleaved"]), default=None,
               help="sequential (default): each run whole, one after another; interleaved: a prompt's runs step "
                    "together through the text, each timed by its own steps (steadier ratios on a shared machine).")
+@click.option("--prefill-chunk", type=click.IntRange(min=0), default=None,
+              help="Prompt positions per prefill pass, 0 for one pass (default: 128 with --timing interleaved, "
+                   "whose lockstep then steps through long prefills chunk by chunk; else 0).")
 @click.option("--output", "-o", default="bench-results.jsonl", show_default=True, help="Results file (JSON Lines).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing results file.")
 @click.option("--report/--no-report", "make_report", default=True, show_default=True,
@@ -290,8 +293,8 @@ def bench(config: str | None, target: str | None, dtype: str | None, quantize: t
           data_dir: str | None, prompts: int | None, max_new_tokens: int | None, repetitions: int | None,
           seed: int | None, temperatures: tuple[float, ...], top_k: int, top_p: float, hf_assisted: str | None,
           hf_prompt_lookup: int | None, hf_plain: bool, ks: str | None, rules: tuple[str, ...], roofline: bool | None,
-          execute: bool | None, timing: str | None, output: str, overwrite: bool, make_report: bool,
-          **drafter_flags: Any) -> None:
+          execute: bool | None, timing: str | None, prefill_chunk: int | None, output: str, overwrite: bool,
+          make_report: bool, **drafter_flags: Any) -> None:
     """Benchmark methods against plain decoding on the same prompts, interleaved; write JSONL records.
 
     CONFIG is a TOML file (see docs/bench.md); flags override its values and add methods.
@@ -304,7 +307,7 @@ def bench(config: str | None, target: str | None, dtype: str | None, quantize: t
         temperatures, top_k, top_p, target=target, dtype=dtype, quantize=list(quantize), threads=threads,
         workloads=list(workloads),
         data_dir=data_dir, prompts=prompts, max_new_tokens=max_new_tokens, repetitions=repetitions, seed=seed,
-        roofline=roofline, execute=execute, timing=timing)
+        roofline=roofline, execute=execute, timing=timing, prefill_chunk=prefill_chunk)
     path = run_bench(bench_config, output, overwrite=overwrite, say=lambda message: click.echo(message, err=True))
     if make_report:
         click.echo(f"report: {render_report(path)}")

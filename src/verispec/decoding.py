@@ -25,6 +25,10 @@ from verispec.validation import is_int, positive_int
 log = logging.getLogger(__name__)
 
 
+_PREFILLING = object()  # ``_run`` between two chunks of the prefill (see Generation.advance)
+_ENDED = object()
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """What one decoding step committed."""
@@ -168,7 +172,8 @@ class Generation:
     def __init__(self, model: DecoderModel, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
                  max_new_tokens: int = 128, sampling: SamplingConfig | None = None,
                  drafter: Drafter | None = None, stop: Sequence[str] | str | None = None,
-                 chat: bool = False, acceptance: Any = None, ignore_eos: bool = False, logprobs: bool = False) -> None:
+                 chat: bool = False, acceptance: Any = None, ignore_eos: bool = False, logprobs: bool = False,
+                 prefill_chunk: int | None = None) -> None:
         if not isinstance(model, DecoderModel):
             raise VerispecError(f"model must come from verispec.load_model (a DecoderModel), got {type(model).__name__}")
         if drafter is not None and not isinstance(drafter, Drafter):
@@ -208,7 +213,13 @@ class Generation:
         self.new_ids: list[int] = []
         self.target_logprobs: list[float] = []
         self.logprobs = bool(logprobs)  # one logsumexp over the vocabulary per token: only when asked for
-        self._steps = self._run()  # the one generator every iteration and result() share
+        # The prompt's prefill in passes of at most this many positions (None: one pass). Lockstep timing
+        # (verispec.bench.interleave) steps runs chunk by chunk through their prefills, as it does
+        # through their decoding steps.
+        self.prefill_chunk = None if prefill_chunk is None else positive_int(prefill_chunk, "prefill_chunk")
+        self.prefilled = 0  # prompt positions in the target's cache so far
+        self._events = self._run()  # the one generator every iteration, advance() and result() share
+        self._steps = (event for event in self._events if event is not _PREFILLING)
 
     def _prompt_ids(self, prompt: str | None, input_ids: Sequence[int] | None, chat: bool) -> list[int]:
         if (prompt is None) == (input_ids is None):
@@ -247,7 +258,11 @@ class Generation:
     def __iter__(self) -> Iterator[Step]:
         return self._steps
 
-    def _run(self) -> Iterator[Step]:
+    def advance(self) -> bool:
+        """Run one decoding step, or one chunk of the prefill; False once the run has ended."""
+        return next(self._events, _ENDED) is not _ENDED
+
+    def _run(self) -> Iterator[Any]:  # Steps, and _PREFILLING between prefill chunks
         model, stats, drafter = self.model, self.stats, self.drafter
         start = time.perf_counter()
         tokens = list(self.prompt_ids)
@@ -257,11 +272,21 @@ class Generation:
             limits = (model.config.max_position_embeddings, getattr(model.config, "sliding_window", None))
             capacity = max(capacity, min([len(tokens) + CURVE_ROWS] + [n for n in limits if n]))
         cache = model.new_cache(capacity)
-        # 1. Prefill: one target call over the prompt gives the first new token.
-        logits = model.forward(torch.tensor(tokens), cache, 0, last_only=True)  # [1, vocab]
-        stats.target_calls += 1
+        # 1. Prefill: target calls over the prompt (one, or one per prefill_chunk positions) give the first
+        #    new token. Its time is the run's own: a chunk's pass, not what ran between chunks.
+        chunk = self.prefill_chunk or len(tokens)
+        own, resumed = 0.0, start  # the prefill's seconds before the current chunk; when it began
+        for begin in range(0, len(tokens), chunk):
+            if begin:
+                own += time.perf_counter() - resumed
+                yield _PREFILLING  # advance() returns here; iterating the run never sees it
+                resumed = time.perf_counter()
+            end = min(begin + chunk, len(tokens))
+            logits = model.forward(torch.tensor(tokens[begin:end]), cache, begin, last_only=True)  # [1, vocab]
+            stats.target_calls += 1
+            self.prefilled = end
         first = self._verify(torch.empty(0, dtype=torch.long), None, logits).next_token
-        stats.prefill_seconds = stats.first_token_seconds = time.perf_counter() - start
+        stats.prefill_seconds = stats.first_token_seconds = own + time.perf_counter() - resumed
         tokens.append(first)
         yield self._commit([first], 0, 0, logits[-1:])
         context = DraftContext(tokens, model, cache, self.sampling, self.generator)
@@ -331,7 +356,7 @@ class Generation:
                                       self.generator if generator is None else generator)
 
     def result(self) -> GenerationResult:
-        for _ in self._steps:  # finish the run (nothing left to do once it has ended)
+        for _ in self._events:  # finish the run (nothing left to do once it has ended)
             pass
         text = self.text.full() if self.text.tokenizer is not None else None
         return GenerationResult(self.new_ids, text, self.finish_reason, self.stats, self.prompt_ids,

@@ -54,8 +54,11 @@ DEFAULT_TARGET = "smollm2-135m"
 HF_METHODS: dict[str, str | None] = {"hf-plain": None, "hf-assisted": "draft-model", "hf-prompt-lookup": "prompt-lookup"}
 TOP_LEVEL = {"target", "dtype", "quantize", "threads", "max_new_tokens", "prompts", "repetitions", "seed", "workloads",
              "data_dir", "chat", "ignore_eos", "warmup_tokens", "roofline", "execute", "sampling", "methods",
-             "timing"}
+             "timing", "prefill_chunk"}
 TIMINGS = ("sequential", "interleaved")
+# Interleaved timing's default prefill chunk (positions per pass): a long prompt's prefill is stepped in
+# lockstep too (verispec.bench.interleave); shorter prompts prefill in one pass as before.
+INTERLEAVED_PREFILL_CHUNK = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +134,7 @@ class BenchConfig:
     # "sequential": each run whole, one after another (plain first); "interleaved": a prompt's runs advance
     # step by step in lockstep through the text, each timed by its own steps (verispec.bench.interleave)
     timing: str = "sequential"
+    prefill_chunk: int = 0  # prompt positions per prefill pass (0: the whole prompt in one)
 
     @property
     def plains(self) -> tuple[Setting, ...]:
@@ -266,6 +270,11 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
     if timing == "interleaved" and any(s.engine != "verispec" for s in settings):
         raise _fail("top level", "timing = 'interleaved' steps verispec's own runs; transformers' generate runs "
                                  "whole (use timing = 'sequential' to compare with it)")
+    chunk = raw.get("prefill_chunk", INTERLEAVED_PREFILL_CHUNK if timing == "interleaved" else 0)
+    chunk = _positive_int("top level", "prefill_chunk", chunk, minimum=0)
+    if chunk and any(s.engine != "verispec" for s in settings):
+        raise _fail("top level", "'prefill_chunk' applies to verispec's runs; transformers' generate prefills "
+                                 "in one pass (set prefill_chunk = 0 to compare with it)")
     return BenchConfig(
         target=target, settings=tuple(settings), workloads=tuple(workloads), samplings=tuple(samplings),
         dtype=raw.get("dtype", "bfloat16"), quantize=quantize, threads=threads,
@@ -275,7 +284,7 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
         seed=seed, data_dir=data_dir, chat=chat, ignore_eos=ignore_eos,
         warmup_tokens=_positive_int("top level", "warmup_tokens", raw.get("warmup_tokens", 8), minimum=0),
         roofline=_flag("roofline", raw.get("roofline", False)), execute=_flag("execute", raw.get("execute", True)),
-        timing=timing)
+        timing=timing, prefill_chunk=chunk)
 
 
 def _quantizations(value: Any, where: str) -> tuple[str | None, ...]:

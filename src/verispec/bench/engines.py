@@ -62,7 +62,8 @@ class Engines:
         sampling = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed=seed)
         return Generation(self.targets[setting.quantize], input_ids=prompt_ids, max_new_tokens=max_new_tokens,
                           sampling=sampling, drafter=self.drafters.get(setting.label), acceptance=setting.acceptance,
-                          ignore_eos=self.config.ignore_eos, logprobs=True)  # every method pays it alike
+                          ignore_eos=self.config.ignore_eos, logprobs=True,  # every method pays it alike
+                          prefill_chunk=self.config.prefill_chunk or None)
 
 
 def prompt_ids(model: DecoderModel, prompt: Prompt, chat: str) -> tuple[list[int], bool]:

@@ -76,7 +76,7 @@ def _context(config: BenchConfig, setting: Setting, prompt: Prompt, chat: bool, 
     return {"setting": setting.label, "params": setting.params, "target": config.target,
             "pair": setting.pair(config.target), "acceptance": setting.acceptance,
             "hardware": environment["hardware"], "versions": environment["versions"], "dtype": config.dtype,
-            "quantization": setting.quantize, "timing": config.timing,
+            "quantization": setting.quantize, "timing": config.timing, "prefill_chunk": config.prefill_chunk,
             "workload": prompt.workload, "prompt_id": prompt.id, "chat_template": chat, "repetition": repetition,
             "mode": mode_label(sampling.temperature, sampling.top_k, sampling.top_p),
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p}
