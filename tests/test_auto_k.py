@@ -1058,3 +1058,57 @@ def test_a_stretch_of_rejections_still_stops_speculation(monkeypatch):
     recent = _rejected_steps_before_plain(monkeypatch, adaptive.PRIOR_WEIGHT)
     assert 0 < _rejected_steps_before_plain(monkeypatch, adaptive.STEADY_WEIGHT) <= recent + 2
     assert _rejected_steps_before_plain(monkeypatch, 100.0) > recent + 2
+
+
+def _rated_stretch(auto: AutoK, steps: int = 130, dear_from: int = 30) -> tuple[list[int], list[int]]:
+    """Run ``auto`` as the loop does for a rated drafter (prompt lookup: proposals whole, rated, ``cut``):
+    its proposals cost next to nothing until step ``dear_from``, then a whole plain step each and every
+    candidate is rejected (a drafter whose price changed on text it cannot predict), so asking stops
+    paying. The K asked at each step, and the steps whose decision was weighed in full."""
+    chance, ks, weighed = random.Random(2), [], []
+    asking = auto.asking
+
+    def counted(*args):
+        weighed.append(len(ks))
+        return asking(*args)
+
+    auto.asking = counted
+    for _ in range(20):
+        auto.acceptance.observe(4, 2, confidence=[0.9, 0.9, 0.5, 0.3])
+    for step in range(steps):
+        k = auto.choose(budget=1000 - step)
+        ks.append(k)
+        keep = auto.cut([0.9, 0.9, 0.5, 0.3]) if k else 0
+        accepted = min(keep, chance.choice([0, 1, 2, 2])) if step < dear_from else 0
+        draft = (0.005 if step < dear_from else 1.0) if k else 0.0
+        auto.observe(k, keep, accepted, accepted + 1, draft, 1.0 + 0.02 * keep, 0.001)
+    return ks, weighed
+
+
+@pytest.mark.parametrize("reweighs", [True, False])
+def test_a_rated_drafter_asks_without_weighing_for_a_few_steps_and_stops_when_asking_stops_paying(monkeypatch, reweighs):
+    """Prompt lookup's steps ask for K_MAX while its proposals cost next to nothing (the cut keeps what
+    pays); the full decision is weighed every PLAIN_RECHECK steps, not every step. When the proposals
+    turn dear, the run stops asking at most PLAIN_RECHECK - 1 steps after a controller weighing every
+    step. Control: a stretch that is never weighed again keeps asking, and fails."""
+    monkeypatch.setattr(adaptive, "PLAIN_RECHECK", 1)
+    every = _controller(_curve(draft_per_token=0.001))
+    every_ks, every_weighed = _rated_stretch(every)
+    monkeypatch.setattr(adaptive, "PLAIN_RECHECK", 4)
+    fast = _controller(_curve(draft_per_token=0.001))
+    if not reweighs:
+        choose = fast.choose
+
+        def never_again(budget):
+            k = choose(budget)
+            fast._ask_ahead = 10**6 if fast._ask_ahead else 0
+            return k
+        monkeypatch.setattr(fast, "choose", never_again)
+    fast_ks, fast_weighed = _rated_stretch(fast)
+    stopped = every_ks.index(0)  # the reference's first step without asking
+    assert 30 < stopped < 120 and set(every_ks[1:stopped]) == {K_MAX}  # (the first step: before any rating)
+    assert fast_ks[:stopped] == every_ks[:stopped]
+    assert len(set(every_weighed) & set(range(stopped))) == stopped
+    assert len(set(fast_weighed) & set(range(stopped))) <= stopped / adaptive.PLAIN_RECHECK + 2
+    caught_up = 0 in fast_ks[stopped:stopped + adaptive.PLAIN_RECHECK]
+    assert caught_up is reweighs, (fast_ks, every_ks)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from verispec.errors import VerispecError
-from verispec.sampling import SamplingConfig, logits_to_probs
+from verispec.sampling import SamplingConfig, check_logits, logits_to_probs
 
 LOGITS = torch.tensor([2.0, 1.0, 0.0, -1.0])
 
@@ -63,3 +63,28 @@ def test_top_k_then_top_p_on_a_batch():
 def test_bad_values_are_rejected(kwargs, message):
     with pytest.raises(VerispecError, match=message):
         SamplingConfig(**kwargs)
+
+
+def test_check_logits_refuses_what_no_distribution_comes_from_and_keeps_masks_and_huge_finite_rows():
+    """The one-reduction fast path (a row sum) must not let a bad entry through at any row, nor refuse
+    a -inf mask or finite logits whose sum overflows."""
+    good = torch.randn(9, 4096)
+    check_logits(good, "t")
+    masked = good.clone()
+    masked[4, :100] = -math.inf
+    check_logits(masked, "t")  # -inf alone is a mask
+    huge = torch.full((3, 4096), 3e38)  # every entry finite, the row sums overflow to inf
+    check_logits(huge, "t")
+    for row in (0, 5, 8):
+        for value, where in ((math.nan, 7), (math.inf, 4095), (-math.inf, None)):
+            bad = good.clone()
+            if where is None:
+                bad[row] = -math.inf  # a row with no finite entry
+            else:
+                bad[row, where] = value
+            with pytest.raises(VerispecError, match="non-finite logits"):
+                check_logits(bad, "t")
+    opposite = good.clone()
+    opposite[6, 1], opposite[6, 2] = math.inf, -math.inf  # +inf hidden in a NaN sum
+    with pytest.raises(VerispecError, match="non-finite logits"):
+        check_logits(opposite, "t")

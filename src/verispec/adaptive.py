@@ -683,6 +683,7 @@ class AutoK:
         # A plain stretch's fast path: steps left before its decision is weighed again, and the steps
         # taken meanwhile, learned from only when it is (``_catch_up``; the same updates, in order).
         self._plain_ahead = 0
+        self._ask_ahead = 0  # ... and a rated drafter's asking stretch: steps left that ask K_MAX unweighed
         self._costs_learned = 0  # steps ``_learn_costs`` has seen (the first sets the overhead)
         self._deferred: list[tuple[int, int, int, float, float]] = []
 
@@ -788,6 +789,10 @@ class AutoK:
         if self._plain_ahead > 0:
             self._plain_ahead -= 1
             return 0
+        if self._ask_ahead > 0 and budget >= K_MAX:  # a rated drafter's asking stretch (see below)
+            self._ask_ahead -= 1
+            self._reach, self._confidence, self._stopped = 1.0, [], False
+            return K_MAX
         self._catch_up()
         if not self.active:
             return 0
@@ -851,6 +856,12 @@ class AutoK:
         self._stop_step = bool(k) and (self.mode == "confidence" or (stops and (pays or self._rated)))
         if self._stop_step:
             k = len(rates) - 1  # the draft-side stop chooses the length (its prediction: see observe)
+        # A rated drafter that asks because asking pays (``cut`` keeps what pays) asks again for the next
+        # PLAIN_RECHECK - 1 steps without weighing: the decision rests on the draft's price against a
+        # plain step, which moves slowly, and each step's own prediction is made from its proposal (see
+        # observe). The full decision cost ~70 us a step in place (prompt lookup's auto spent ~0.2 ms a
+        # step more outside the passes than fixed K = 2, BENCHMARKS.md section 24).
+        self._ask_ahead = PLAIN_RECHECK - 1 if self._stop_step and self._rated and pays else 0
         self._reach, self._confidence, self._stopped = 1.0, [], False
         return k
 
