@@ -371,7 +371,7 @@ def stream(model: DecoderModel, prompt: str | None = None, **kwargs: Any) -> Gen
 def generate(model: DecoderModel, prompt: str | None = None, *, input_ids: Sequence[int] | None = None,
              max_new_tokens: int = 128, sampling: SamplingConfig | None = None, drafter: Drafter | None = None,
              stop: Sequence[str] | str | None = None, chat: bool = False, acceptance: Any = None,
-             ignore_eos: bool = False, logprobs: bool = False) -> GenerationResult:
+             ignore_eos: bool = False, logprobs: bool = False, prefill_chunk: int | None = None) -> GenerationResult:
     """Generate up to ``max_new_tokens`` tokens; ``drafter=None`` is plain autoregressive decoding.
 
     ``acceptance`` is the rule that judges drafts: a ``verispec.acceptance`` rule or its spec string
@@ -379,7 +379,8 @@ def generate(model: DecoderModel, prompt: str | None = None, *, input_ids: Seque
     ``ignore_eos`` generates exactly ``max_new_tokens`` (benchmarks compare equal lengths).
     ``logprobs`` fills ``result.target_logprobs`` (log p_target of each new token at T=1, for quality
     checks; one logsumexp over the vocabulary per token, about 0.5% of a SmolLM2 step).
+    ``prefill_chunk`` prefills the prompt in passes of at most that many positions (None: one pass).
     """
     return Generation(model, prompt, input_ids=input_ids, max_new_tokens=max_new_tokens, sampling=sampling,
                       drafter=drafter, stop=stop, chat=chat, acceptance=acceptance, ignore_eos=ignore_eos,
-                      logprobs=logprobs).result()
+                      logprobs=logprobs, prefill_chunk=prefill_chunk).result()
