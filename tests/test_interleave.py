@@ -112,13 +112,11 @@ def _spy_prefill_passes(monkeypatch, model, prompt_length):
 def test_a_chunked_prefill_gives_the_tokens_and_log_probabilities_of_one_pass():
     model = tiny_model(vocab=16, seed=0, layers=4)
     prompt = [2, 11, 4, 8, 2, 11, 4, 9, 1]
-    for drafter in (None, verispec.PromptLookup(ngram=2, k=3)):
+    for make in (lambda: None, lambda: verispec.PromptLookup(ngram=2, k=3)):  # a drafter per run
         whole = Generation(model, input_ids=prompt, max_new_tokens=12, ignore_eos=True, logprobs=True,
-                           drafter=drafter).result()
-        if drafter is not None:
-            drafter = verispec.PromptLookup(ngram=2, k=3)
+                           drafter=make()).result()
         run = Generation(model, input_ids=prompt, max_new_tokens=12, ignore_eos=True, logprobs=True,
-                         drafter=drafter, prefill_chunk=4)
+                         drafter=make(), prefill_chunk=4)
         steps = list(run)  # iterating a run yields its steps only, never the pauses between prefill chunks
         chunked = run.result()
         assert all(isinstance(step, verispec.Step) for step in steps) and len(steps) == chunked.stats.decode_steps + 1

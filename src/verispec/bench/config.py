@@ -267,12 +267,13 @@ def from_dict(raw: dict[str, Any]) -> BenchConfig:
     timing = raw.get("timing", "sequential")
     if timing not in TIMINGS:
         raise _fail("top level", f"'timing' must be {' or '.join(TIMINGS)}, got {timing!r}")
-    if timing == "interleaved" and any(s.engine != "verispec" for s in settings):
+    transformers_runs = any(s.engine != "verispec" for s in settings)  # generate() runs whole, one-pass prefill
+    if timing == "interleaved" and transformers_runs:
         raise _fail("top level", "timing = 'interleaved' steps verispec's own runs; transformers' generate runs "
                                  "whole (use timing = 'sequential' to compare with it)")
     chunk = raw.get("prefill_chunk", INTERLEAVED_PREFILL_CHUNK if timing == "interleaved" else 0)
     chunk = _positive_int("top level", "prefill_chunk", chunk, minimum=0)
-    if chunk and any(s.engine != "verispec" for s in settings):
+    if chunk and transformers_runs:
         raise _fail("top level", "'prefill_chunk' applies to verispec's runs; transformers' generate prefills "
                                  "in one pass (set prefill_chunk = 0 to compare with it)")
     return BenchConfig(
