@@ -66,8 +66,11 @@ def test_the_stack_gives_the_python_paths_bits(kind, rows, monkeypatch):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kind", ["int8", "bf16", "bias"])
-def test_a_prompt_from_position_zero_takes_the_stack_with_the_python_paths_bits(kind, monkeypatch):
+@pytest.mark.parametrize("kind,prompt_path", [("int8", None), ("bf16", "bf16"), ("bf16", "fp32"), ("bf16", "chunks"),
+                                               ("bias", None)])
+def test_a_prompt_from_position_zero_takes_the_stack_with_the_python_paths_bits(kind, prompt_path, monkeypatch):
+    if prompt_path is not None:
+        monkeypatch.setitem(kernels._state, "bf16_prompt", prompt_path)
     model = _model(kind)
     tokens = torch.randint(0, 50, (150,), generator=torch.Generator().manual_seed(0))
     logits = {}
@@ -76,6 +79,27 @@ def test_a_prompt_from_position_zero_takes_the_stack_with_the_python_paths_bits(
         cache = model.new_cache(150)
         logits[fused] = (model.forward(tokens, cache, 0), cache.keys.clone())
     assert torch.equal(logits[True][0], logits[False][0]) and torch.equal(logits[True][1], logits[False][1])
+
+
+def test_a_bf16_prompt_on_the_fp32_path_is_computed_in_fp32(monkeypatch):
+    """The "fp32" prompt path widens the bf16 weights and multiplies fp32 activations: its logits are those
+    of the same model held in fp32 (every bf16 value is an fp32 one) up to fp32 rounding, with the
+    fused stack and without it. Control: the "bf16" path, which rounds the activations to bf16, is
+    far off that reference (so the comparison can see a prompt computed in bf16)."""
+    model = _model("bf16")
+    widened = copy.deepcopy(model).to_weight_dtype(torch.float32)
+    tokens = torch.randint(0, 50, (150,), generator=torch.Generator().manual_seed(1))
+    reference = widened.forward(tokens, widened.new_cache(150), 0)
+    error = {}
+    for path in ("fp32", "bf16"):
+        monkeypatch.setitem(kernels._state, "bf16_prompt", path)
+        for fused in (False, True):
+            monkeypatch.setenv("VERISPEC_FUSED_LAYERS", "1" if fused else "0")
+            logits = model.forward(tokens, model.new_cache(150), 0)
+            error[path, fused] = ((logits - reference).abs().max() / reference.abs().max()).item()
+    assert error["fp32", False] < 1e-5 and error["fp32", True] < 1e-5
+    assert error["bf16", False] > 100 * max(error["fp32", False], 1e-7)
+    assert error["bf16", True] > 100 * max(error["fp32", True], 1e-7)
 
 
 def test_layer_plans_and_swapped_matrices_take_the_stack_with_the_same_bits(monkeypatch):

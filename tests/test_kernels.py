@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import verispec
 from tests.conftest import missing_setup
 from verispec import kernels
 
@@ -29,7 +30,8 @@ def test_bf16_linear_matches_fp32_reference(rows, out_features, in_features):
     assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
-def test_more_rows_than_the_kernel_takes_fall_back_to_torch(monkeypatch):
+@pytest.mark.parametrize("path", ["bf16", "fp32"])
+def test_more_rows_than_the_kernel_takes_fall_back_to_torch(path, monkeypatch):
     weight = torch.randn(32, 16).bfloat16()
     x = torch.randn(kernels.MAX_ROWS + 3, 16)
 
@@ -38,12 +40,38 @@ def test_more_rows_than_the_kernel_takes_fall_back_to_torch(monkeypatch):
             raise AssertionError("the compiled kernel took more rows than it can")
 
     monkeypatch.setitem(kernels._state, "module", NoKernel())
+    monkeypatch.setitem(kernels._state, "bf16_prompt", path)
     got = kernels.linear(x, weight)
-    # An independent reference: the same bf16-rounded activations, in fp64 (torch's bf16 path rounds
-    # its output to bf16, so allow one bf16 ulp of the largest value).
-    expected = x.bfloat16().double() @ weight.double().T
     assert got.shape == (kernels.MAX_ROWS + 3, 32) and got.dtype == torch.float32
-    assert (got.double() - expected).abs().max() <= 2 ** -7 * expected.abs().max()
+    if path == "bf16":
+        # An independent reference: the same bf16-rounded activations, in fp64 (torch's bf16 path rounds
+        # its output to bf16, so allow one bf16 ulp of the largest value).
+        expected = x.bfloat16().double() @ weight.double().T
+        assert (got.double() - expected).abs().max() <= 2 ** -7 * expected.abs().max()
+    else:  # fp32 activations against the widened weights: fp32 rounding only
+        expected = x.double() @ weight.double().T
+        assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_the_prompt_path_is_measured_once_or_set_by_the_environment(monkeypatch):
+    """``bf16_prompt_path`` takes the fastest of the three measured paths, once a process;
+    ``VERISPEC_PROMPT_PATH`` fixes one without measuring, and a name that is none of them is an error."""
+    monkeypatch.delitem(kernels._state, "bf16_prompt", raising=False)
+    monkeypatch.delenv("VERISPEC_PROMPT_PATH", raising=False)
+    calls = []
+    timed = iter([{"bf16": 3.0, "fp32": 1.0, "chunks": 2.0}])
+    monkeypatch.setattr(kernels, "interleaved_medians", lambda fns, rounds: calls.append(sorted(fns)) or next(timed))
+    assert kernels.bf16_prompt_path() == "fp32" and calls == [sorted(kernels.PROMPT_PATHS)]
+    assert kernels.bf16_prompt_path() == "fp32"  # not measured again (the timings would run out)
+    for path in kernels.PROMPT_PATHS:
+        monkeypatch.delitem(kernels._state, "bf16_prompt")
+        monkeypatch.setenv("VERISPEC_PROMPT_PATH", path)
+        monkeypatch.setattr(kernels, "interleaved_medians", lambda fns, rounds: pytest.fail("measured"))
+        assert kernels.bf16_prompt_path() == path
+    monkeypatch.delitem(kernels._state, "bf16_prompt")
+    monkeypatch.setenv("VERISPEC_PROMPT_PATH", "fp16")
+    with pytest.raises(verispec.VerispecError, match="VERISPEC_PROMPT_PATH='fp16'"):
+        kernels.bf16_prompt_path()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -57,6 +85,12 @@ def test_a_slice_of_a_longer_prompt_goes_through_one_matrix_product(dtype, monke
     # As rows: torch's matmul sends such a 3-D view down a batched path ~10x slower than one product.
     assert calls == [2] and got.shape == (1, kernels.MAX_ROWS + 37, 48) and got.dtype == torch.float32
     assert torch.equal(got, kernels.linear(x.contiguous(), weight))
+
+
+def test_interleaved_medians_time_every_function_in_turn():
+    order = []
+    medians = kernels.interleaved_medians({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, 3)
+    assert order == ["a", "b"] * 4 and set(medians) == {"a", "b"} and all(v >= 0 for v in medians.values())
 
 
 def test_rms_norm_and_silu_mul_match_torch():

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -94,7 +95,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if x.dtype is weight.dtype and (bias is None or bias.dtype is weight.dtype):
         out = F.linear(rows, weight, bias)
     else:
-        out = F.linear(rows.to(weight.dtype), weight).to(x.dtype)  # e.g. a bf16 prefill; biases stay fp32
+        out = prompt_linear(rows, weight).to(x.dtype)  # e.g. a bf16 prefill; biases stay fp32
         out = out if bias is None else out + bias
     return out.view(*x.shape[:-1], weight.shape[0])
 
@@ -104,6 +105,22 @@ class Linear(torch.nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Each function's median wall time over ``rounds`` rounds that call every function once in turn
+    (after one warm-up call each): a shared machine's slow moments fall on all of them alike."""
+    import time
+
+    runs: dict[str, list[float]] = {name: [] for name in fns}
+    for name, fn in fns.items():
+        fn()
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            begin = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - begin)
+    return {name: sorted(times)[len(times) // 2] for name, times in runs.items()}
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -119,30 +136,61 @@ def median_seconds(fn, repeats: int) -> float:
     return sorted(runs)[len(runs) // 2]
 
 
-def bf16_prompt_in_one_pass() -> bool:
-    """Whether a bf16 prompt (more than ``INVARIANT_ROWS`` rows) goes through torch's bf16 matmul in one
-    pass instead of the compiled kernel ``MAX_ROWS`` rows at a time: measured once per process on a
-    prompt-sized product (CPUs with bf16 matrix units run torch's GEMM ~15x faster than 16-row chunks;
-    AVX2 machines convert to fp32 and may not). A prompt is prefilled the same way in plain and in
-    speculative runs, so the choice changes speed, never whether they agree."""
+PROMPT_PATHS = ("bf16", "fp32", "chunks")  # how a bf16 model's prompt products run (``bf16_prompt_path``)
+
+
+def bf16_prompt_path() -> str:
+    """How a bf16 prompt (more than ``INVARIANT_ROWS`` rows) runs its matrix products, measured once per
+    process on a prompt-sized product (``VERISPEC_PROMPT_PATH`` fixes one):
+
+    - "bf16": torch's bf16 matmul in one pass (CPUs with bf16 matrix units run it ~15x faster than
+      16-row chunks);
+    - "fp32": one pass of torch's fp32 matmul with the weights widened to fp32 for the call (exact:
+      every bf16 value is an fp32 value); on AVX2 CPUs, where torch's bf16 matmul converts element by
+      element, this ran SmolLM2's prompt products ~25% faster than the chunks (AMD EPYC);
+    - "chunks": the compiled few-row kernel ``MAX_ROWS`` rows at a time.
+
+    A prompt is prefilled the same way in plain and in speculative runs, so the choice changes speed,
+    never whether they agree."""
     if "bf16_prompt" in _state:
         return _state["bf16_prompt"]  # type: ignore[return-value]
+    path = os.environ.get("VERISPEC_PROMPT_PATH")
+    if path is not None and path not in PROMPT_PATHS:
+        from verispec.errors import VerispecError
+
+        raise VerispecError(f"VERISPEC_PROMPT_PATH={path!r}: expected one of {', '.join(PROMPT_PATHS)}")
     module = _load()
-    one_pass = True
-    if module is not None:
-        weight = torch.randn(4096, 1536).bfloat16()
-        x = torch.randn(INVARIANT_ROWS + 1, 1536)
+    if path is None and module is None:
+        path = "bf16"
+    elif path is None:
+        # A small model's MLP product and a larger one's, over a prompt chunk of MLP rows (128): the
+        # paths' order depends on both (at 66 rows and one 4096 x 1536 matrix the fp32 path and the
+        # chunks measured even on an AVX2 EPYC, where SmolLM2's prompts ran 25% faster in fp32).
+        products = [(torch.randn(3072, 576).bfloat16(), torch.randn(128, 576)),
+                    (torch.randn(1536, 4096).bfloat16(), torch.randn(128, 4096))]
+
+        def each(product):
+            return lambda: [product(x, weight) for weight, x in products]
+
         paths = {
-            "one pass": lambda: F.linear(x.bfloat16(), weight).float(),
-            "chunks": lambda: torch.cat([module.bf16_linear(x[b:b + MAX_ROWS], weight)
-                                         for b in range(0, x.shape[0], MAX_ROWS)]),
+            "bf16": each(lambda x, weight: F.linear(x.bfloat16(), weight).float()),
+            "fp32": each(lambda x, weight: F.linear(x, weight.float())),
+            "chunks": each(lambda x, weight: torch.cat([module.bf16_linear(x[b:b + MAX_ROWS], weight)
+                                                         for b in range(0, x.shape[0], MAX_ROWS)])),
         }
-        timings = {name: median_seconds(fn, 3) for name, fn in paths.items()}
-        one_pass = timings["one pass"] < timings["chunks"]
-        log.info("bf16 prompts: %s (%s)", "torch's matmul in one pass" if one_pass else f"{MAX_ROWS}-row chunks",
-                 ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in timings.items()))
-    _state["bf16_prompt"] = one_pass
-    return one_pass
+        timings = interleaved_medians(paths, 5)
+        path = min(timings, key=timings.__getitem__)
+        log.info("bf16 prompts: %s (%s)", path, ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in timings.items()))
+    _state["bf16_prompt"] = path
+    return path
+
+
+def prompt_linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """A prompt's product of fp32 rows with bf16 (or other lower-precision float) weights, by
+    ``bf16_prompt_path``: fp32 arithmetic on widened weights, or torch's in the weights' dtype."""
+    if weight.dtype is torch.bfloat16 and bf16_prompt_path() == "fp32":
+        return F.linear(rows, weight.float())
+    return F.linear(rows.to(weight.dtype), weight).to(rows.dtype)
 
 
 def fused_layers() -> bool:

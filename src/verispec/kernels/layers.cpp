@@ -37,7 +37,8 @@ c10::optional<torch::Tensor> maybe(const torch::Tensor& t) {
 struct Projection {
   torch::Tensor weight, scale, sums, bias;  // scale and sums: int8 weights only; bias may be undefined
 
-  torch::Tensor operator()(const torch::Tensor& x, const std::string& path) const {
+  // ``widen``: a prompt's bf16 product in fp32 on weights widened for the call (kernels.prompt_linear).
+  torch::Tensor operator()(const torch::Tensor& x, const std::string& path, bool widen) const {
     if (weight.scalar_type() == torch::kInt8) return int8_linear(x, weight, scale, sums, maybe(bias), path);
     const int64_t rows = x.numel() / x.size(-1);
     if (weight.scalar_type() == torch::kBFloat16 && rows <= kBf16Rows && x.size(-1) % 8 == 0 &&
@@ -47,14 +48,16 @@ struct Projection {
     }
     if (x.scalar_type() == weight.scalar_type() && (!bias.defined() || bias.scalar_type() == weight.scalar_type()))
       return at::linear(x, weight, maybe(bias));
-    auto out = at::linear(x.to(weight.scalar_type()), weight).to(x.scalar_type());
+    auto out = widen && weight.scalar_type() == torch::kBFloat16 && x.scalar_type() == torch::kFloat32
+                   ? at::linear(x, weight.to(torch::kFloat32))
+                   : at::linear(x.to(weight.scalar_type()), weight).to(x.scalar_type());
     return bias.defined() ? out + bias : out;
   }
 
   // silu(gate) * up of this [gate | up] product, as kernels.gate_up_silu computes it.
-  torch::Tensor silu_of(const torch::Tensor& x, const std::string& path) const {
+  torch::Tensor silu_of(const torch::Tensor& x, const std::string& path, bool widen) const {
     if (weight.scalar_type() == torch::kInt8 && !bias.defined()) return int8_gate_up_silu(x, weight, scale, sums, path);
-    return silu_mul((*this)(x, path));
+    return silu_mul((*this)(x, path, widen));
   }
 };
 
@@ -85,11 +88,13 @@ class LayerStack {
 
   // hidden [1, T, hidden] fp32 at positions [start, start + T); ``index``/``parts`` name the layers to run
   // and which sub-blocks (bit 0 attention, bit 1 MLP); keys/values: the cache [layers, KV, capacity, D];
-  // cos/signed_sin [T, D]; a prompt's MLP runs ``mlp_rows`` rows at a time (transformer.MLP_ROWS).
+  // cos/signed_sin [T, D]; a prompt's MLP runs ``mlp_rows`` rows at a time (transformer.MLP_ROWS). ``widen``
+  // (kernels.bf16_prompt_path() == "fp32"): bf16 products of more rows than the few-row kernel takes run in
+  // fp32 on widened weights, as kernels.linear runs them.
   // Returns new hidden states (the input is not modified).
   torch::Tensor run(torch::Tensor hidden, std::vector<int64_t> index, std::vector<int64_t> parts, torch::Tensor keys,
                     torch::Tensor values, int64_t start, torch::Tensor cos, torch::Tensor signed_sin,
-                    std::string path, int64_t mlp_rows) const {
+                    std::string path, int64_t mlp_rows, bool widen) const {
     TORCH_CHECK(hidden.scalar_type() == torch::kFloat32 && hidden.dim() == 3 && hidden.size(0) == 1, "hidden: [1, T, D]");
     TORCH_CHECK(index.size() == parts.size(), "one parts entry per layer");
     TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == torch::kFloat32 &&
@@ -104,11 +109,11 @@ class LayerStack {
       const int64_t i = index[n];
       TORCH_CHECK(i >= 0 && i < static_cast<int64_t>(layers_.size()), "layer index out of range");
       const Layer& L = layers_[i];
-      if (parts[n] & 1) h.add_(attention(L, h, keys[i], values[i], start, c, s, path));
+      if (parts[n] & 1) h.add_(attention(L, h, keys[i], values[i], start, c, s, path, widen));
       if (parts[n] & 2)
         for (int64_t b = 0; b < T; b += mlp_rows) {  // each row's MLP is its own: chunks give the same bits
           auto part = h.narrow(0, b, std::min(mlp_rows, T - b));
-          part.add_(L.down(L.gate_up.silu_of(rms_norm(part, L.mlp_norm, eps_), path), path));
+          part.add_(L.down(L.gate_up.silu_of(rms_norm(part, L.mlp_norm, eps_), path, widen), path, widen));
         }
     }
     return h.view({1, T, width});
@@ -119,9 +124,9 @@ class LayerStack {
   // values written to the cache, queries scaled, row-by-row attention, output projection.
   torch::Tensor attention(const Layer& L, const torch::Tensor& h, torch::Tensor keys, torch::Tensor values,
                           int64_t start, const torch::Tensor& cos, const torch::Tensor& signed_sin,
-                          const std::string& path) const {
+                          const std::string& path, bool widen) const {
     const int64_t T = h.size(0), H = H_, KV = KV_, D = D_, half = D / 2, capacity = keys.size(1);
-    auto qkv = L.qkv(rms_norm(h, L.attn_norm, eps_), path).contiguous();  // [T, (H + 2 KV) * D]
+    auto qkv = L.qkv(rms_norm(h, L.attn_norm, eps_), path, widen).contiguous();  // [T, (H + 2 KV) * D]
     TORCH_CHECK(qkv.size(1) == (H + 2 * KV) * D, "qkv width");
     auto q = torch::empty({H, T, D}, h.options());
     const float* src = qkv.data_ptr<float>();
@@ -149,16 +154,16 @@ class LayerStack {
       }
     }
     });
-    if (T <= kInvariantRows) return L.o(causal_attention(q, keys, values, start), path);  // [T, H * D]
+    if (T <= kInvariantRows) return L.o(causal_attention(q, keys, values, start), path, widen);  // [T, H * D]
     // A prompt: on AMX bf16 tiles where the CPU has them, else torch's fused attention, as
     // kernels.causal_attention computes it.
     if (prompt_attention_supported(D))
-      return L.o(prompt_attention(q, keys.narrow(1, 0, start + T), values.narrow(1, 0, start + T), start), path);
+      return L.o(prompt_attention(q, keys.narrow(1, 0, start + T), values.narrow(1, 0, start + T), start), path, widen);
     auto k = keys.narrow(1, 0, start + T).unsqueeze(0), v = values.narrow(1, 0, start + T).unsqueeze(0);
     c10::optional<torch::Tensor> mask;
     if (start > 0) mask = torch::ones({T, start + T}, h.options().dtype(torch::kBool)).tril(start);
     auto out = at::scaled_dot_product_attention(q.unsqueeze(0), k, v, mask, 0.0, start == 0, 1.0, KV != H);
-    return L.o(out[0].transpose(0, 1).reshape({T, H * D}), path);
+    return L.o(out[0].transpose(0, 1).reshape({T, H * D}), path, widen);
   }
 
   std::vector<Layer> layers_;

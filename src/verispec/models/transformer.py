@@ -223,7 +223,8 @@ class Transformer(nn.Module):
         if stack is not None:  # the same arithmetic in one compiled call (kernels/layers.cpp)
             steps = list(steps)
             return stack.run(hidden, [s.index for s in steps], [s.attention | s.mlp << 1 for s in steps],
-                             cache.keys, cache.values, start, rope[0], rope[1], kernels.int8_path(T), MLP_ROWS)
+                             cache.keys, cache.values, start, rope[0], rope[1], kernels.int8_path(T), MLP_ROWS,
+                             kernels.bf16_prompt_path() == "fp32")
         for step in steps:
             layer = self.layers[step.index]
             proj = layer if projections is None else projections[step.index]
@@ -271,12 +272,13 @@ class Transformer(nn.Module):
         verification row's result must not depend on how many rows share its pass (greedy speculative
         output equals plain output), which the compiled few-row kernel guarantees. Each chunk attends
         to the ones before it through the cache. A prompt (more than ``kernels.INVARIANT_ROWS`` rows)
-        takes torch's matmul in one pass where that measured faster (``kernels.bf16_prompt_in_one_pass``).
+        takes torch's matmul in one pass (bf16, or fp32 on widened weights) where that measured faster
+        (``kernels.bf16_prompt_path``).
         int8 matrices need no chunks: integer sums give the same bits whatever the number of rows.
         """
         T = hidden.shape[1]
         bf16_kernel = self.quantization is None and self.dtype is torch.bfloat16 and kernels.available()
-        if bf16_kernel and T > kernels.INVARIANT_ROWS and kernels.bf16_prompt_in_one_pass():
+        if bf16_kernel and T > kernels.INVARIANT_ROWS and kernels.bf16_prompt_path() != "chunks":
             bf16_kernel = False
         chunk = kernels.MAX_ROWS if bf16_kernel else T
         outputs = []
