@@ -102,6 +102,23 @@ def test_a_bf16_prompt_on_the_fp32_path_is_computed_in_fp32(monkeypatch):
     assert error["bf16", True] > 100 * max(error["fp32", True], 1e-7)
 
 
+@pytest.mark.parametrize("kind", ["int8", "fp32"])
+def test_a_model_without_bf16_matrices_never_measures_the_bf16_prompt_paths(kind, monkeypatch):
+    """The bf16 prompt paths are measured (~1 s) for bf16 models only: an fp32 or int8 model's prompt and
+    decode passes, fused or not, never ask."""
+    monkeypatch.delitem(kernels._state, "bf16_prompt", raising=False)
+    monkeypatch.delenv("VERISPEC_PROMPT_PATH", raising=False)
+    monkeypatch.setattr(kernels, "interleaved_medians", lambda fns, rounds: pytest.fail("measured the bf16 paths"))
+    model = _model(kind)
+    tokens = torch.randint(0, 50, (150,), generator=torch.Generator().manual_seed(2))
+    for fused in (False, True):
+        monkeypatch.setenv("VERISPEC_FUSED_LAYERS", "1" if fused else "0")
+        cache = model.new_cache(151)
+        model.forward(tokens, cache, 0)
+        model.forward(tokens[:1], cache, 150)
+    assert "bf16_prompt" not in kernels._state
+
+
 def test_layer_plans_and_swapped_matrices_take_the_stack_with_the_same_bits(monkeypatch):
     model = _model("bf16")
     plan = draft_steps(4, skip=[1], skip_attention=[2], skip_mlp=[3])  # whole layer, attention only, MLP only

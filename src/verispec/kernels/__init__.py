@@ -125,15 +125,7 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], rounds: int) -> di
 
 def median_seconds(fn, repeats: int) -> float:
     """``fn``'s median wall time over ``repeats`` calls, after one warm-up call."""
-    import time
-
-    fn()
-    runs = []
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - begin)
-    return sorted(runs)[len(runs) // 2]
+    return interleaved_medians({"fn": fn}, repeats)["fn"]
 
 
 PROMPT_PATHS = ("bf16", "fp32", "chunks")  # how a bf16 model's prompt products run (``bf16_prompt_path``)

@@ -222,9 +222,12 @@ class Transformer(nn.Module):
         stack = self._stack(projections)
         if stack is not None:  # the same arithmetic in one compiled call (kernels/layers.cpp)
             steps = list(steps)
+            # bf16 products of more rows than the few-row kernel takes, widened as kernels.linear widens
+            # them (asked only of bf16 models: an fp32 or int8 model never measures the bf16 paths)
+            widen = T > kernels.MAX_ROWS and self.dtype is torch.bfloat16 and kernels.bf16_prompt_path() == "fp32"
             return stack.run(hidden, [s.index for s in steps], [s.attention | s.mlp << 1 for s in steps],
                              cache.keys, cache.values, start, rope[0], rope[1], kernels.int8_path(T), MLP_ROWS,
-                             kernels.bf16_prompt_path() == "fp32")
+                             widen)
         for step in steps:
             layer = self.layers[step.index]
             proj = layer if projections is None else projections[step.index]
