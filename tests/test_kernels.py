@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -140,3 +142,27 @@ def test_silu_mul_and_rms_norm_give_an_element_the_same_bits_wherever_it_falls()
     x, weight = torch.randn(4, 1536), torch.randn(1536)
     alone = torch.cat([kernels.rms_norm(x[i:i + 1], weight, 1e-6) for i in range(4)])
     assert torch.equal(kernels.rms_norm(x, weight, 1e-6), alone)
+
+
+def test_a_build_lock_left_by_a_killed_process_does_not_stall_the_next_load():
+    """torch's build lock file, as a process killed while loading the kernels leaves it: the next process
+    loads them anyway (torch alone would wait on that file forever: CI hangs until its time runs out)."""
+    import subprocess
+    import sys
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    stale = Path(_get_build_directory("verispec_kernels", verbose=False)) / "lock"
+    with kernels._build_lock():  # no load in flight while the stale file is made
+        stale.touch()
+    code = "from verispec import kernels; assert kernels.available()"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        left = stale.exists()
+    except subprocess.TimeoutExpired:
+        pytest.fail("the load waited on a build lock nobody holds")
+    finally:
+        with kernels._build_lock():
+            stale.unlink(missing_ok=True)  # never leave it behind for the rest of the suite
+    assert done.returncode == 0, done.stderr
+    assert not left, "the load left torch's lock file behind"

@@ -14,6 +14,7 @@ or on CPUs without AVX2/FMA, or with ``VERISPEC_KERNELS=0``, everything runs on 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -47,13 +48,40 @@ def _load() -> object | None:
             # torch rebuilds when a source or a flag changes, not a header: the headers' digest is a flag.
             headers = _digest("*.h")
             # -ffp-contract=off: no fused multiply-adds the torch fallback would not also do.
-            module = load("verispec_kernels", sources, extra_ldflags=["-fopenmp"],
-                          extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off",
-                                        f"-DVERISPEC_HEADERS={headers}"])
+            with _build_lock():
+                module = load("verispec_kernels", sources, extra_ldflags=["-fopenmp"],
+                              extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off",
+                                            f"-DVERISPEC_HEADERS={headers}"])
         except Exception as exc:  # no compiler, no ninja: slower, still correct
             log.warning("could not compile verispec's kernels (%s); using torch's ops", exc)
     _state["module"] = module
     return module
+
+
+@contextlib.contextmanager
+def _build_lock():
+    """Hold an OS lock on the kernels' build folder, and clear torch's lock file there if it is stale.
+
+    torch takes its build lock (a file in the build folder) on every load, compiling or not, and only
+    the process that created the file removes it: one killed while it held it (a server stopped during
+    its first start, a Ctrl-C in the minute-long compile) leaves it behind, and every later process
+    waits on it forever. Every load here takes this lock first, and the OS releases it however its
+    holder ends, so whoever holds it knows that a torch lock file it finds was left by a dead process."""
+    try:
+        import fcntl
+        from torch.utils.cpp_extension import _get_build_directory
+
+        folder = Path(_get_build_directory("verispec_kernels", verbose=False))
+    except (ImportError, AttributeError, OSError):  # no flock (Windows), or torch moved its helper
+        yield
+        return
+    with open(folder / "verispec.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = folder / "lock"
+        if stale.exists():
+            log.warning("removing %s, left by a process that ended while it loaded the kernels", stale)
+            stale.unlink(missing_ok=True)
+        yield  # the lock goes with the handle
 
 
 def _digest(*patterns: str) -> str:
