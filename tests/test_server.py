@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -388,7 +389,7 @@ def test_sigterm_ends_in_flight_streams_cleanly_and_exits(tiny_chat_pair, tmp_pa
     an error event), refuses new work, and the process exits without a traceback."""
     command = [sys.executable, "-m", "verispec.cli", "serve", "--model", str(tiny_chat_pair[0]), "--dtype",
                "float32", "--plain", "--port", "0", "--shutdown-timeout", "0"]
-    process, url = _start(command)
+    process, url, log = _start(command)
     try:
         assert _wait(lambda: _reachable(url), 20)
         with httpx.stream("POST", url + "/v1/completions", timeout=60,
@@ -403,8 +404,7 @@ def test_sigterm_ends_in_flight_streams_cleanly_and_exits(tiny_chat_pair, tmp_pa
         assert "error" in last and "shutting down" in last["error"]["message"] or \
             last["choices"][0]["finish_reason"] in ("stop", "length")
         assert process.wait(30) in (0, -signal.SIGTERM)
-        log = process.stderr.read()
-        assert "Traceback" not in log, log
+        assert "Traceback" not in log(), log()
     finally:
         if process.poll() is None:
             process.kill()
@@ -456,13 +456,41 @@ def test_request_models_are_not_shared_between_requests(server):
         server.engine.load()
 
 
-def _start(command: list[str]) -> tuple[subprocess.Popen, str]:
+def _start(command: list[str], deadline: float = 600) -> tuple[subprocess.Popen, str, Callable[[], str]]:
+    """Start `verispec serve`; return the process, its address and a function giving its stderr so far.
+
+    A thread reads stderr from the start: the pipe never fills (which would block the server mid-request),
+    and a server that never prints its address fails the test after ``deadline`` seconds with what it
+    wrote, instead of hanging the suite."""
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    for line in process.stderr:
-        match = re.search(r"serving .* on (http://\S+)", line)
-        if match:
-            return process, match.group(1)
-    raise AssertionError(f"the server did not start (exit code {process.wait()})")
+    lines: list[str] = []
+    address: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in process.stderr:
+            lines.append(line)
+            match = None if address else re.search(r"serving .* on (http://\S+)", line)
+            if match:
+                address.append(match.group(1))
+                ready.set()
+        ready.set()  # the stream ended: the process is gone
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def log() -> str:
+        if process.poll() is not None:
+            reader.join(30)
+        return "".join(lines)
+
+    if not ready.wait(deadline) or not address:
+        if process.poll() is None:
+            process.kill()
+        code = process.wait()
+        raise AssertionError(f"the server did not print its address within {deadline:.0f} s (exit code {code}):\n"
+                             + log())
+    return process, address[0], log
 
 
 def test_default_serve_is_smollm2_int8_with_prompt_lookup_and_answers_like_generate(smollm2_folder):
@@ -470,7 +498,7 @@ def test_default_serve_is_smollm2_int8_with_prompt_lookup_and_answers_like_gener
     answer is verispec.generate's, token for token."""
     from verispec import PromptLookup
 
-    process, url = _start([sys.executable, "-m", "verispec.cli", "serve", "--port", "0"])
+    process, url, _ = _start([sys.executable, "-m", "verispec.cli", "serve", "--port", "0"])
     try:
         assert _wait(lambda: _reachable(url), 60)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
@@ -487,4 +515,8 @@ def test_default_serve_is_smollm2_int8_with_prompt_lookup_and_answers_like_gener
         assert reply.choices[0].message.content == expected.text
     finally:
         process.send_signal(signal.SIGTERM)
-        process.wait(60)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
