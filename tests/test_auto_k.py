@@ -796,6 +796,28 @@ def test_greedy_auto_equals_plain_greedy_for_every_drafter(mode):
             assert s.predicted_speedup > 0 and s.measured_speedup > 0 and s.plain_steps == s.k_histogram.get(0, 0)
 
 
+def test_every_drafter_defaults_to_auto_unless_k_or_a_tuned_file_says_otherwise(tmp_path):
+    from verispec.cli import main
+    from verispec.drafters.registry import make_choice
+
+    target = tiny_model(vocab=16, seed=0, layers=3)
+    draft = tiny_model(vocab=16, seed=1, layers=1)
+    defaults = [verispec.DraftModel(draft), verispec.LayerSkip([1]), verispec.EarlyExit(1), verispec.LowRank(rank=4),
+                verispec.PromptLookup(ngram=2), verispec.QuantizedDraft(8)]
+    assert [d.k for d in defaults] == ["auto"] * 6
+    assert make_choice("prompt-lookup").k == make_choice("draft-model", {"draft": "d"}).k == "auto"
+    listing = CliRunner().invoke(main, ["drafters"]).output
+    assert listing.count("(default K = auto)") == len(verispec.drafters.DRAFTERS), listing
+    tuned = tmp_path / "skip.json"
+    tuned.write_text(json.dumps({"method": "layer-skip", "skip": [1], "k": 3}))
+    assert verispec.LayerSkip(str(tuned)).k == 3 and verispec.LayerSkip(str(tuned), k=2).k == 2
+    tuned.write_text(json.dumps({"method": "layer-skip", "skip": [1]}))
+    assert verispec.LayerSkip(str(tuned)).k == "auto"
+    plain = verispec.generate(target, input_ids=[1, 5, 9], max_new_tokens=20).token_ids
+    result = verispec.generate(target, input_ids=[1, 5, 9], max_new_tokens=20, drafter=verispec.LayerSkip([1]))
+    assert result.token_ids == plain and result.stats.k == "auto" and result.stats.predicted_speedup is not None
+
+
 def test_costs_are_measured_once_per_process():
     target, draft = tiny_model(vocab=16, seed=0), tiny_model(vocab=16, seed=1, layers=1)
     run = lambda: verispec.generate(target, input_ids=[1, 2], max_new_tokens=20, sampling=SamplingConfig(1.0, seed=11),

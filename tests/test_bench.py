@@ -411,6 +411,13 @@ def test_interleaved_timing_prefills_in_chunks_unless_told_otherwise():
     assert load_config(base={"target": "m", "timing": "interleaved", "prefill_chunk": 32}).prefill_chunk == 32
 
 
+def test_a_method_without_k_runs_auto_and_transformers_engines_their_fixed_k():
+    methods = [{"name": "prompt-lookup"}, {"name": "layer-skip", "skip": [1]}, {"name": "draft-model", "draft": "d"},
+               {"name": "hf-prompt-lookup"}, {"name": "hf-assisted", "draft": "d"}, {"name": "prompt-lookup", "k": 3}]
+    ks = {s.label: s.k for s in load_config(base={"target": "m", "methods": methods}).settings}
+    assert list(ks.values()) == ["auto", "auto", "auto", 5, 5, 3], ks
+
+
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))
 def test_bad_configs_are_clear_errors(case):
     raw, message = BAD_CONFIGS[case]

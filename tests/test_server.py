@@ -191,7 +191,7 @@ def test_stop_strings_cut_the_text_and_never_stream_part_of_a_stop(server):
 def test_per_request_drafter_k_and_rule(server):
     client = server.client()
     cases = [({"drafter": "prompt-lookup:ngram=1", "k": 2}, "prompt-lookup", 2, True),
-             ({"drafter": "layer-skip:skip=1"}, "layer-skip", 4, True),
+             ({"drafter": "layer-skip:skip=1"}, "layer-skip", "auto", True),  # the default K
              ({"k": 5}, "draft-model", 5, True),
              ({"k": "auto"}, "draft-model", "auto", True),
              ({"acceptance": "lenient:0.5"}, "draft-model", K, False)]
@@ -508,9 +508,9 @@ def test_default_serve_is_smollm2_int8_with_prompt_lookup_and_answers_like_gener
                                                max_tokens=32, temperature=0,
                                                extra_body={"verispec": {"return_token_ids": True}})
         block = reply.model_extra["verispec"]
-        assert (block["method"], block["k"], block["quantization"]) == ("prompt-lookup", 5, "int8")
+        assert (block["method"], block["k"], block["quantization"]) == ("prompt-lookup", "auto", "int8")
         target = load_model("smollm2-135m", quantize="int8", dtype="bfloat16")  # the server's defaults
-        expected = generate(target, question, max_new_tokens=32, chat=True, drafter=PromptLookup(3, k=5))
+        expected = generate(target, question, max_new_tokens=32, chat=True, drafter=PromptLookup(3))  # k="auto", the default
         assert block["token_ids"] == expected.token_ids
         assert reply.choices[0].message.content == expected.text
     finally:

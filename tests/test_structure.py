@@ -100,8 +100,9 @@ def test_no_drafter_is_constructed_outside_the_drafters_package():
 def test_flags_and_specs_build_the_same_drafter():
     from_flags = choices_from_flags({"--layer-skip": "3,5", "--draft": None}, "2")
     assert from_flags == [parse_drafter("layer-skip:skip=3+5,k=2")] == [make_choice("layer-skip", {"skip": [3, 5]}, 2)]
-    assert make_choice("draft-model", {"draft": "x"}).k == 5 == make_choice("prompt-lookup").k  # one default each
-    assert make_choice("layer-skip", {"skip": [1]}).k == 4
+    assert make_choice("draft-model", {"draft": "x"}).k == "auto" == make_choice("prompt-lookup").k  # one default
+    assert make_choice("layer-skip", {"skip": [1]}).k == "auto"
+    assert parse_drafter(make_choice("prompt-lookup").as_text()) == make_choice("prompt-lookup")  # "k=auto" round-trips
     for choice in (from_flags[0], make_choice("low-rank", {"energy": 0.5, "targets": "mlp"}, 3)):
         assert parse_drafter(choice.as_text()) == choice  # the spec form round-trips
     for flags, message in (({"--prompt-lookup": "0"}, "'ngram' must be an integer >= 1"),

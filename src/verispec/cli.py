@@ -126,9 +126,9 @@ def sampling_options(func: Callable) -> Callable:
 @click.option("--stop", multiple=True, help="Stop when this string appears (repeatable).")
 @drafter_options
 @click.option("-k", "--num-candidates", "k", default=None,
-              help="Candidate length K per step (default: 5 for draft models and prompt lookup, 4 for "
-                   "self-speculative drafters, or the tuned file's), or 'auto': chosen each step from costs "
-                   "measured on this machine, 0 (no speculation) when no K pays.")
+              help="Candidate length K per step (1..64), or 'auto' (the default, unless a tuned file gives "
+                   "one): chosen each step from costs measured on this machine, 0 (no speculation) when no K "
+                   "pays.")
 @click.option("--acceptance", default="exact", show_default=True,
               help="Acceptance rule: exact, or an APPROXIMATE one: lenient:L (0<L<=1), typical:EPS[,DELTA], topk:K.")
 @click.option("--stream/--no-stream", default=True, show_default=True, help="Print tokens as they are made.")

@@ -76,7 +76,7 @@ def fetch_model(name: str, wheel_dir: str | None = None) -> str:
 
 DEMO_PROMPT = ("Here is a Python function:\n\ndef add_numbers(a, b):\n    return a + b\n\n"
                "Rewrite it with type hints and a docstring, keeping the same name.")
-DEMO_DRAFTER = make_choice("prompt-lookup", {"ngram": 3}, 5)  # SmolLM2's best drafter here (BENCHMARKS.md)
+DEMO_DRAFTER = make_choice("prompt-lookup", {"ngram": 3})  # SmolLM2's best drafter here, k="auto" (BENCHMARKS.md)
 DEMO_QUANTIZE = "int8"  # the fastest exact configuration measured (BENCHMARKS.md)
 
 

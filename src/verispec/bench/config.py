@@ -49,8 +49,8 @@ else:  # pragma: no cover
 
 DEFAULT_TARGET = "smollm2-135m"
 
-# transformers' own generate, measured beside verispec: each takes the parameters (and default K)
-# of the verispec drafter it corresponds to.
+# transformers' own generate, measured beside verispec: each takes the parameters of the verispec
+# drafter it corresponds to, and its fixed K (DrafterSpec.fixed_k) when none is given.
 HF_METHODS: dict[str, str | None] = {"hf-plain": None, "hf-assisted": "draft-model", "hf-prompt-lookup": "prompt-lookup"}
 TOP_LEVEL = {"target", "dtype", "quantize", "threads", "max_new_tokens", "prompts", "repetitions", "seed", "workloads",
              "data_dir", "chat", "ignore_eos", "warmup_tokens", "roofline", "execute", "sampling", "methods",
@@ -198,6 +198,8 @@ def parse_method(index: int, table: Any) -> list[Setting]:
     if engine == "transformers" and any(is_auto(k) for k in _as_list(table.get("k"))):
         raise _fail(where, "k='auto' is verispec's controller; transformers' engines take a fixed K")
     for k in _as_list(table.get("k")):
+        if k is None and engine == "transformers":  # no controller there: the drafter's fixed K
+            k = DRAFTERS[drafter].fixed_k
         try:
             choice = make_choice(drafter, params, k, where=where)
         except VerispecError as exc:

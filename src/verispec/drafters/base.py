@@ -8,9 +8,14 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
-from verispec.adaptive import parse_k
+from verispec.adaptive import AUTO, parse_k
 from verispec.models.protocol import DecoderModel, KVCacheLike
 from verispec.sampling import SamplingConfig, check_logits, logits_to_probs, sample
+
+# K when none is given: chosen per step from costs measured on this machine, 0 (plain decoding) when no
+# K pays (verispec.adaptive). It replaced fixed defaults (5 for draft models and prompt lookup, 4 for
+# self-speculative drafters) once it beat every fixed K on the benchmark's mix (BENCHMARKS.md section 26).
+DEFAULT_K: int | str = AUTO
 
 
 @dataclasses.dataclass

@@ -8,13 +8,13 @@ from typing import Any
 import torch
 
 from verispec.drafters.registry import DrafterSpec, Param
-from verispec.drafters.base import DraftContext, DrafterBase, Proposal, draft_token, stop_drafting
+from verispec.drafters.base import DEFAULT_K, DraftContext, DrafterBase, Proposal, draft_token, stop_drafting
 from verispec.errors import VerispecError
 from verispec.models.protocol import DecoderModel
 
 log = logging.getLogger(__name__)
 
-SPEC_DEFAULT_K = 5
+FIXED_K = 5  # transformers' assisted generation beside it (no controller), when no K is given
 
 
 def check_vocabularies(target: DecoderModel, draft: DecoderModel) -> str | None:
@@ -55,7 +55,7 @@ class DraftModel(DrafterBase):
 
     method = "draft-model"
 
-    def __init__(self, model: DecoderModel, k: int = SPEC_DEFAULT_K) -> None:
+    def __init__(self, model: DecoderModel, k: int | str = DEFAULT_K) -> None:
         super().__init__(k)
         if not isinstance(model, DecoderModel):
             raise VerispecError(f"DraftModel takes a model from verispec.load_model, got {type(model).__name__}")
@@ -126,8 +126,8 @@ SPEC = DrafterSpec(
             Param("draft_quantize", "str", "Quantize the draft model's weights (int8); the target is unaffected.",
                   flag="--draft-quantize", choices=("none", "int8"))),
     build=lambda p, k, load: DraftModel(load(p["draft"], quantize=p.get("draft_quantize")),
-                                        k=SPEC_DEFAULT_K if k is None else k),
+                                        k=DEFAULT_K if k is None else k),
     describe=lambda p, target: f"{p['draft']}{_quantized(p)} -> {target}",
-    default_k=SPEC_DEFAULT_K, model_params=("draft",),
+    fixed_k=FIXED_K, model_params=("draft",),
     per_request=False,
 )

@@ -12,9 +12,9 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-from verispec.drafters.base import DraftContext
+from verispec.drafters.base import DEFAULT_K, DraftContext
 from verispec.drafters.registry import DrafterSpec, Param
-from verispec.drafters.self_speculative import DEFAULT_K, LayerProjections, SwappedMatrices
+from verispec.drafters.self_speculative import LayerProjections, SwappedMatrices
 from verispec.errors import VerispecError
 from verispec.models.protocol import LayeredModel
 from verispec.validation import number, positive_int
@@ -75,7 +75,7 @@ class LowRank(SwappedMatrices):
 
     method = "low-rank"
 
-    def __init__(self, rank: int | None = None, energy: float | None = None, k: int | None = None,
+    def __init__(self, rank: int | None = None, energy: float | None = None, k: int | str | None = None,
                  targets: Sequence[str] = ("attention", "mlp"), lm_head: bool = False) -> None:
         super().__init__(DEFAULT_K if k is None else k)
         if (rank is None) == (energy is None):

@@ -6,12 +6,11 @@ from typing import Any
 
 import torch
 
-from verispec.drafters.base import DraftContext, DrafterBase, Proposal
+from verispec.drafters.base import DEFAULT_K, DraftContext, DrafterBase, Proposal
 from verispec.drafters.registry import DrafterSpec, Param
 from verispec.validation import positive_int
 
-
-DEFAULT_K = 5
+FIXED_K = 5  # transformers' prompt lookup beside it (no controller), when no K is given
 
 
 class PromptLookup(DrafterBase):
@@ -30,7 +29,7 @@ class PromptLookup(DrafterBase):
 
     method = "prompt-lookup"
 
-    def __init__(self, ngram: int = 3, k: int = DEFAULT_K) -> None:
+    def __init__(self, ngram: int = 3, k: int | str = DEFAULT_K) -> None:
         super().__init__(k)
         self.ngram = positive_int(ngram, "ngram")
         self._index: NgramIndex | None = None
@@ -120,5 +119,5 @@ SPEC = DrafterSpec(
                   flag="--prompt-lookup", selects=True),),
     build=lambda p, k, load: PromptLookup(**p, k=DEFAULT_K if k is None else k),
     describe=lambda p, target: f"{target} with prompt lookup (n-gram {p.get('ngram', 3)})",
-    default_k=DEFAULT_K,
+    fixed_k=FIXED_K,
 )

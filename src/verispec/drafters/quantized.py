@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from verispec.drafters.base import DEFAULT_K
 from verispec.drafters.registry import DrafterSpec, Param
-from verispec.drafters.self_speculative import DEFAULT_K, LayerProjections, SwappedMatrices
+from verispec.drafters.self_speculative import LayerProjections, SwappedMatrices
 from verispec.errors import VerispecError
 from verispec.kernels import Int4Linear
 from verispec.models.protocol import LayeredModel
@@ -55,7 +56,7 @@ class QuantizedDraft(SwappedMatrices):
 
     method = "quantized"
 
-    def __init__(self, bits: int = 8, k: int | None = None) -> None:
+    def __init__(self, bits: int = 8, k: int | str | None = None) -> None:
         super().__init__(DEFAULT_K if k is None else k)
         if isinstance(bits, bool) or bits not in BITS:
             raise VerispecError(f"QuantizedDraft bits must be 8 or 4, got {bits!r}")

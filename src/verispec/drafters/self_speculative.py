@@ -14,14 +14,12 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from verispec.drafters.base import DraftContext, DrafterBase, Proposal, draft_token, stop_drafting
+from verispec.drafters.base import DEFAULT_K, DraftContext, DrafterBase, Proposal, draft_token, stop_drafting
 from verispec.drafters.registry import DrafterSpec, Param, read_tuned
 from verispec.errors import VerispecError
 from verispec.models.protocol import LayeredModel
 from verispec.models.transformer import LayerStep
 from verispec.validation import integer, positive_int
-
-DEFAULT_K = 4
 
 
 def require_native(model: Any, method: str) -> LayeredModel:
@@ -123,7 +121,7 @@ class LayerSkip(SelfDrafter):
 
     method = "layer-skip"
 
-    def __init__(self, skip: Sequence[int] | str | Path = (), k: int | None = None,
+    def __init__(self, skip: Sequence[int] | str | Path = (), k: int | str | None = None,
                  skip_attention: Sequence[int] = (), skip_mlp: Sequence[int] = ()) -> None:
         if isinstance(skip, (str, Path)):  # an explicit k wins over the file's
             spec = read_tuned(skip, self.method)
@@ -174,7 +172,7 @@ class EarlyExit(SelfDrafter):
 
     method = "early-exit"
 
-    def __init__(self, layer: int | str | Path, k: int | None = None) -> None:
+    def __init__(self, layer: int | str | Path, k: int | str | None = None) -> None:
         if isinstance(layer, (str, Path)):  # an explicit k wins over the file's
             spec = read_tuned(layer, self.method)
             layer, k = spec.get("layer"), spec.get("k") if k is None else k
