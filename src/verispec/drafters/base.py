@@ -14,7 +14,8 @@ from verispec.sampling import SamplingConfig, check_logits, logits_to_probs, sam
 
 # K when none is given: chosen per step from costs measured on this machine, 0 (plain decoding) when no
 # K pays (verispec.adaptive). It replaced fixed defaults (5 for draft models and prompt lookup, 4 for
-# self-speculative drafters) once it beat every fixed K on the benchmark's mix (BENCHMARKS.md section 26).
+# self-speculative drafters), which lose to plain decoding where a draft cannot pay; it does not yet beat
+# the best fixed K on every mix (BENCHMARKS.md section 26).
 DEFAULT_K: int | str = AUTO
 
 

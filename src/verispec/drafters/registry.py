@@ -17,7 +17,8 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from verispec.adaptive import AUTO, parse_k
+from verispec.adaptive import parse_k
+from verispec.drafters.base import DEFAULT_K
 from verispec.errors import VerispecError
 from verispec.validation import is_int, is_number, number
 
@@ -131,7 +132,7 @@ class DrafterSpec:
     params: tuple[Param, ...]
     build: Callable[[dict[str, Any], int | None, ModelLoader | None], Any]
     describe: Callable[[dict[str, Any], str], str]
-    default_k: int | str = AUTO  # K when none is given (see verispec.drafters.base.DEFAULT_K)
+    default_k: int | str = DEFAULT_K  # K when none is given
     # The K where a fixed one is needed and none is given: transformers' own engines measured beside
     # verispec (hf-assisted, hf-prompt-lookup) have no controller.
     fixed_k: int = 4
