@@ -214,3 +214,27 @@ def test_target_logprobs_only_when_asked_and_right_at_every_position():
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(result.token_ids).view(-1, 1)).squeeze(1)
     assert len(result.target_logprobs) == 6
     assert torch.allclose(torch.tensor(result.target_logprobs), expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("paths, weights", [
+    (("amx", "vnni", "vnni-rows", "avx2", "intmm"), "int8"),  # Intel Xeon with AMX
+    (("vnni", "vnni-rows", "avx2", "intmm"), "int8"),  # AVX-512 VNNI without tiles
+    (("avx2", "intmm"), None),  # AVX2 only: int8 multiply-adds in software, ~1/3 of bf16's speed
+    (("torch",), None),  # no compiled kernels
+])
+def test_demo_and_serve_take_int8_weights_only_where_the_cpu_multiplies_int8_in_hardware(paths, weights, monkeypatch):
+    from verispec import commands, kernels
+
+    monkeypatch.setattr(kernels, "int8_paths", lambda: paths)
+    assert commands.default_quantize() == weights
+    seen = {}
+
+    def fake_demo(**kwargs):
+        seen.update(kwargs)
+        raise VerispecError("stop here")
+
+    monkeypatch.setattr(commands, "run_demo", fake_demo)
+    runner = CliRunner()
+    assert runner.invoke(main, ["demo"]).exit_code != 0 and seen["quantize"] == weights
+    assert runner.invoke(main, ["demo", "--quantize", "int8"]).exit_code != 0 and seen["quantize"] == "int8"
+    assert runner.invoke(main, ["demo", "--quantize", "none"]).exit_code != 0 and seen["quantize"] is None

@@ -493,23 +493,26 @@ def _start(command: list[str], deadline: float = 600) -> tuple[subprocess.Popen,
     return process, address[0], log
 
 
-def test_default_serve_is_smollm2_int8_with_prompt_lookup_and_answers_like_generate(smollm2_folder):
-    """`verispec serve` with its defaults (only the port chosen freely): the demo's configuration, and its
-    answer is verispec.generate's, token for token."""
+def test_default_serve_is_smollm2_with_the_cpus_weights_and_prompt_lookup_and_answers_like_generate(smollm2_folder):
+    """`verispec serve` with its defaults (only the port chosen freely): the demo's configuration (int8 on a
+    CPU with hardware int8 dot products, else bf16), and its answer is verispec.generate's, token for token."""
     from verispec import PromptLookup
+    from verispec.commands import default_quantize
+
+    weights = default_quantize()
 
     process, url, _ = _start([sys.executable, "-m", "verispec.cli", "serve", "--port", "0"])
     try:
         assert _wait(lambda: _reachable(url), 60)
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        assert client.models.list().data[0].model_extra["verispec"]["quantization"] == "int8"
+        assert client.models.list().data[0].model_extra["verispec"]["quantization"] == weights
         question = "Write a Python function that returns the sum of a list of numbers."
         reply = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": question}],
                                                max_tokens=32, temperature=0,
                                                extra_body={"verispec": {"return_token_ids": True}})
         block = reply.model_extra["verispec"]
-        assert (block["method"], block["k"], block["quantization"]) == ("prompt-lookup", "auto", "int8")
-        target = load_model("smollm2-135m", quantize="int8", dtype="bfloat16")  # the server's defaults
+        assert (block["method"], block["k"], block["quantization"]) == ("prompt-lookup", "auto", weights)
+        target = load_model("smollm2-135m", quantize=weights, dtype="bfloat16")  # the server's defaults
         expected = generate(target, question, max_new_tokens=32, chat=True, drafter=PromptLookup(3))  # k="auto", the default
         assert block["token_ids"] == expected.token_ids
         assert reply.choices[0].message.content == expected.text

@@ -219,10 +219,12 @@ def tune(method: str, model: str, dtype: str, backend: str, quantize: str | None
 def demo(model: str, dtype: str, backend: str, quantize: str | None, threads: int | None, prompt: str | None,
          max_new_tokens: int) -> None:
     """Run the default model plain and speculatively on one prompt; print output and speedup."""
-    from verispec.commands import DEMO_QUANTIZE, run_demo
+    from verispec.commands import default_quantize, run_demo
 
+    if quantize is None and backend == "native":
+        quantize = default_quantize()
     demo = run_demo(model=model, dtype=dtype, backend=backend, threads=threads, prompt=prompt,
-                    max_new_tokens=max_new_tokens, quantize=DEMO_QUANTIZE if quantize is None and backend == "native" else quantize)
+                    max_new_tokens=max_new_tokens, quantize=None if quantize == "none" else quantize)
     weights = f"{demo.quantization} weights" if demo.quantization else f"{dtype} weights"
     click.echo(f"--- prompt{' (chat template)' if demo.chat else ''}:\n{demo.prompt}\n--- output ({weights}; "
                f"{demo.drafter}):")
@@ -341,11 +343,11 @@ def serve(model: str, dtype: str, backend: str, quantize: str | None, threads: i
     """Serve the model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions,
     /v1/models, /health, /metrics), with speculative decoding and what it did reported per request.
 
-    With no arguments: the default model in int8 with the demo's drafter (prompt lookup) on
-    127.0.0.1:8000. Requests are decoded one at a time from a bounded queue.
+    With no arguments: the default model with the demo's drafter (prompt lookup) on 127.0.0.1:8000, in
+    int8 on a CPU with hardware int8 dot products (AVX-512 VNNI, AMX), else in bf16. Requests are decoded one at a time from a bounded queue.
     """
     from verispec.acceptance import parse_rule
-    from verispec.commands import DEMO_DRAFTER, DEMO_QUANTIZE
+    from verispec.commands import DEMO_DRAFTER, default_quantize
     from verispec.server import EngineConfig, ServeConfig, serve as run_server
 
     choice = _drafter_choice(_drafter_flags(drafter_flags), k)
@@ -353,7 +355,7 @@ def serve(model: str, dtype: str, backend: str, quantize: str | None, threads: i
         raise VerispecError("--plain serves without a drafter: drop the drafter flags (or --plain)")
     parse_rule(acceptance)
     if quantize is None and backend == "native":
-        quantize = DEMO_QUANTIZE
+        quantize = default_quantize()
     config = ServeConfig(model=model, dtype=dtype, backend=backend, quantize=None if quantize == "none" else quantize,
                          threads=threads, drafter=None if plain else choice or DEMO_DRAFTER, acceptance=acceptance,
                          host=host, port=port, api_key=api_key, shutdown_seconds=shutdown_timeout,
