@@ -79,7 +79,7 @@ DEMO_PROMPT = ("Here is a Python function:\n\ndef add_numbers(a, b):\n    return
 DEMO_DRAFTER = make_choice("prompt-lookup", {"ngram": 3})  # SmolLM2's best drafter here, k="auto" (BENCHMARKS.md)
 DEMO_QUANTIZE = "int8"  # the demo's and server's weights where the CPU multiplies int8 in hardware
 # int8 accumulation paths in hardware: AVX-512 VNNI and AMX tiles. On an Intel Xeon with both, SmolLM2's
-# int8 target decoded ~3.5x faster than bf16 (BENCHMARKS.md section 27); on an AVX2-only EPYC, whose int8
+# int8 target decoded ~2.5x faster than bf16 (BENCHMARKS.md section 27); on an AVX2-only EPYC, whose int8
 # runs on AVX2 multiply-adds, at about a third of bf16's speed (section 23).
 HARDWARE_INT8_PATHS = ("amx", "vnni", "vnni-rows")
 
