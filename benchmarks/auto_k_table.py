@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -31,6 +32,12 @@ def geomean(values: list[float]) -> float:
 
 def drafter_of(setting: str) -> str:
     return setting.split(" K=")[0]
+
+
+def k_of(setting: str) -> str:
+    """The K part of a setting's label ("K=3"), wherever it stands ("... K=3 @int8")."""
+    found = re.search(r"K=\S+", setting)
+    return found.group(0) if found else setting
 
 
 def main(path: str) -> None:
@@ -71,12 +78,12 @@ def main(path: str) -> None:
             gaps = []
             for w in (w for w in WORKLOADS if w in medians):
                 best = max(fixed, key=lambda s: settings[s][0].get(w, 0.0))
-                gaps.append((w, medians[w] / settings[best][0][w] - 1, best.split(" ")[-1]))
+                gaps.append((w, medians[w] / settings[best][0][w] - 1, k_of(best)))
             print(f"\n{mode} {auto}: within 5% of the best fixed K on {sum(g >= -0.05 for _, g, _ in gaps)}/{len(gaps)}; "
                   + "; ".join(f"{w} {g:+.1%} vs {k}" for w, g, k in gaps))
             best = max(fixed, key=lambda s: settings[s][1])
-            print(f"  mix: geomean auto {geo:.3f} vs best fixed {best.split(' ')[-1]} {settings[best][1]:.3f}; median auto "
-                  f"{median:.3f} vs " + ", ".join(f"{s.split(' ')[-1]} {settings[s][2]:.3f}" for s in fixed))
+            print(f"  mix: geomean auto {geo:.3f} vs best fixed {k_of(best)} {settings[best][1]:.3f}; median auto "
+                  f"{median:.3f} vs " + ", ".join(f"{k_of(s)} {settings[s][2]:.3f}" for s in fixed))
 
 
 if __name__ == "__main__":
