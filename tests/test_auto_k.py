@@ -544,8 +544,8 @@ def _rated_controller(verify_per_row: float, draft_per_token: float = 0.0) -> Au
 
 
 def test_the_cut_verifies_the_rated_candidates_that_pay():
-    """A proposal known whole and rated (prompt lookup's) is cut before the first candidate whose expected
-    tokens (P(it and all before it kept)) do not pay for its verified row: a doubtful candidate ends it,
+    """A proposal known whole and rated (prompt lookup's) is cut to the prefix whose expected tokens
+    (P(it and all before it kept)) most exceed what its verified rows cost: a doubtful candidate ends it,
     and a doubtful first one makes the step plain. Control: where a row costs nothing every candidate
     is kept, the doubtful ones too."""
     auto = _rated_controller(verify_per_row=0.3)
@@ -558,6 +558,20 @@ def test_the_cut_verifies_the_rated_candidates_that_pay():
     free = _rated_controller(verify_per_row=0.0)
     free.choose(budget=100)
     assert free.cut([0.9, 0.9, 0.5, 0.9]) == 4 and free.cut([0.5, 0.9, 0.9]) == 3
+
+
+def test_the_cut_weighs_the_rows_behind_a_step_up_in_the_curve():
+    """The verification curve is not convex (int8 SmolLM2-135M on an AMX Xeon: 4.3, 4.9, 5.9, 6.1, 6.1
+    ms for 1-5 rows): where the second row costs a step up and the rows after it are free, one trusted
+    candidate does not pay for its row, but four do, and the cut keeps them (stopping at the first
+    candidate that does not pay for its own row, it verified none). Control: doubtful candidates behind
+    the first do not make the step up pay."""
+    auto = _rated_controller(verify_per_row=0.0)
+    auto.curve = CostCurve(verify=[1.0] + [1.8] * (adaptive.CURVE_ROWS - 1), draft=[0.0] * (K_MAX + 1))
+    auto.choose(budget=100)
+    assert auto.cut([0.9]) == 0
+    assert auto.cut([0.9] * 4) == 4
+    assert auto.cut([0.9, 0.5, 0.5, 0.5]) == 0
 
 
 def test_a_cheap_rated_drafter_asks_every_step():

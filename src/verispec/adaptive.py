@@ -919,25 +919,29 @@ class AutoK:
 
     def cut(self, confidence: list[float]) -> int:
         """How many candidates of a proposal known at once (prompt lookup's), each rated by ``confidence``,
-        are worth verifying: the longest prefix whose every candidate adds more expected tokens
-        (P(it and all before it kept), from the acceptance by confidence) than its verified row's seconds
-        buy at the yardstick rate (the stop's). 0 makes the step a plain one. Drafting is already paid,
-        so only rows count; the expected gain only falls along the proposal, so the first candidate
-        that does not pay ends it.
+        are worth verifying: the prefix whose expected tokens (each candidate's P(it and all before it
+        kept), from the acceptance by confidence) most exceed what its verified rows' seconds buy at the
+        yardstick rate (the stop's). 0 makes the step a plain one. Drafting is already paid, so only
+        rows count. The whole proposal is weighed, not only up to the first candidate that does not pay
+        for its own row: the verification curve is not convex (on an AMX Xeon, int8 SmolLM2-135M took
+        4.3, 4.9, 5.9, 6.1, 6.1, 6.1 ms for 1-6 rows), so a candidate whose row costs a step up can be
+        worth it for the free rows behind it (ending at the first such candidate, the cut ran 15% behind
+        fixed K = 4 on Spec-Bench math, BENCHMARKS.md section 27).
 
         A step cut to nothing judges nothing, so estimates that say no candidate pays could never be
         shown wrong: after PROBE_FIRST proposals in a row cut to nothing, the next keeps its first
         candidate (a probe of one verified row)."""
         self._confidence_seen = self._rated = True
         self._plain_ahead = 0  # rated proposals change what pays (see choose)
-        reach, keep = 1.0, 0
-        below = self._verify(1)  # the pass without the candidate under test
+        reach, keep, gain, best = 1.0, 0, 0.0, 0.0
+        bought = self.verify_scale * self._rate  # tokens a curve second buys at the yardstick rate
+        base = self._verify(1)  # the pass without candidates
         for j, c in enumerate(confidence[:K_MAX]):
             reach *= self.acceptance.by_confidence(c)
-            above = self._verify(j + 2)
-            if reach <= (above - below) * self.verify_scale * self._rate:
-                break
-            keep, below = j + 1, above
+            gain += reach
+            net = gain - (self._verify(j + 2) - base) * bought
+            if net > best:
+                keep, best = j + 1, net
         self._cut_in_a_row = self._cut_in_a_row + 1 if keep == 0 and confidence else 0
         if self._cut_in_a_row > PROBE_FIRST:
             keep, self._cut_in_a_row = 1, 0
