@@ -546,13 +546,15 @@ def _rated_controller(verify_per_row: float, draft_per_token: float = 0.0) -> Au
 def test_the_cut_verifies_the_rated_candidates_that_pay():
     """A proposal known whole and rated (prompt lookup's) is cut to the prefix whose expected tokens
     (P(it and all before it kept)) most exceed what its verified rows cost: a doubtful candidate ends it,
-    and a doubtful first one makes the step plain. Control: where a row costs nothing every candidate
-    is kept, the doubtful ones too."""
+    and a doubtful first one makes the step plain (counted in ``cut_to_plain``; an empty proposal, prompt
+    lookup without a match, is not). Control: where a row costs nothing every candidate is kept, the
+    doubtful ones too."""
     auto = _rated_controller(verify_per_row=0.3)
     auto.choose(budget=100)
     assert auto.cut([0.9, 0.9, 0.5, 0.9]) == 2
     assert auto.cut([0.9] * 4) == 4
     assert auto.cut([0.5, 0.9, 0.9]) == 0
+    assert auto.cut([]) == 0  # nothing to propose (no match): not a proposal cut to nothing
     assert (auto.candidates_cut, auto.cut_to_plain) == (2 + 0 + 3, 1)
     assert auto.report()["candidates_cut"] == 5 and auto.report()["cut_to_plain"] == 1
     free = _rated_controller(verify_per_row=0.0)

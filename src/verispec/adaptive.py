@@ -949,7 +949,7 @@ class AutoK:
         self._confidence = list(confidence[:keep])
         self._stopped = keep < len(confidence)
         self.candidates_cut += len(confidence) - keep
-        self.cut_to_plain += keep == 0
+        self.cut_to_plain += keep == 0 and bool(confidence)  # (an empty proposal was not cut: no match)
         return keep
 
     def observe(self, asked: int, proposed: int, accepted: int, committed: int, draft_seconds: float,
