@@ -1,4 +1,4 @@
-"""What k="auto"'s controller costs a step in Python, without a model: its three calls timed apart.
+"""What k="auto"'s controller costs a step in Python: its three calls timed apart, synthetic and in real runs.
 
 A run of prompt lookup on the int8 SmolLM2-135M takes ~9 ms a step (verification) on these CPUs, and
 every step also runs ``AutoK.choose`` (before drafting), ``AutoK.cut`` (on the proposal's ratings) and
@@ -73,8 +73,6 @@ def one_run(rng: random.Random, new_tokens: int, prompt: int) -> tuple[int, floa
 def in_place(model_name: str, quantize: str | None, runs: int, new_tokens: int) -> dict[str, float]:
     """Microseconds a step of choose, cut and observe inside real prompt-lookup runs with k="auto"
     (each call wrapped in a timer; greedy, the prompt of ``benchmarks/fast_path.py``)."""
-    import torch
-
     import verispec
     from verispec.drafters.prompt_lookup import PromptLookup
 
@@ -96,7 +94,6 @@ def in_place(model_name: str, quantize: str | None, runs: int, new_tokens: int) 
         return call
 
     model = verispec.load_model(model_name, dtype="bfloat16", quantize=quantize)
-    torch.set_num_threads(torch.get_num_threads())
     steps = 0
     try:
         for name in spent:
@@ -107,7 +104,7 @@ def in_place(model_name: str, quantize: str | None, runs: int, new_tokens: int) 
                 steps = 0
             result = verispec.generate(model, PROMPT, max_new_tokens=new_tokens, drafter=PromptLookup(k="auto"),
                                        ignore_eos=True)
-            steps += result.stats.target_calls - 1  # the prefill's call is not a step
+            steps += result.stats.decode_steps
     finally:
         for name, original in originals.items():
             setattr(adaptive.AutoK, name, original)
