@@ -83,6 +83,30 @@ def sample_with_exercise(model: Any, make_drafter: Callable[[], Any] | None, sam
     return counts, exercise
 
 
+def against_plain(model: Any, make_drafter: Callable[[], Any], sampling: SamplingConfig, seeds: int = 200,
+                  acceptance: Any = None, prompt=PROMPT, length: int = 12) -> tuple[int, collections.Counter]:
+    """Run each seed speculatively and plainly; return how many seeds gave other tokens, and how the
+    speculative steps ended: ``rejected_first`` (candidate 0 rejected), ``rejected_later`` (a candidate
+    i >= 1 rejected after i were kept), ``all_kept`` (2+ candidates kept and a bonus drawn)."""
+    differing, judged = 0, collections.Counter()
+    drafter = make_drafter()
+    for seed in range(seeds):
+        config = SamplingConfig(sampling.temperature, sampling.top_k, sampling.top_p, seed=seed)
+        run = lambda d, rule: verispec.stream(model, input_ids=prompt, max_new_tokens=length, sampling=config,
+                                              drafter=d, acceptance=rule, ignore_eos=True)
+        spoken: list[int] = []
+        for step in run(drafter, acceptance):
+            spoken += step.token_ids
+            if not step.drafted or len(step.token_ids) != step.accepted + 1:  # plain, or cut by the length
+                continue
+            if step.accepted < step.drafted:
+                judged["rejected_first" if step.accepted == 0 else "rejected_later"] += 1
+            elif step.accepted >= 2:
+                judged["all_kept"] += 1
+        differing += spoken != run(None, None).result().token_ids
+    return differing, judged
+
+
 def assert_exercised(exercise: Exercise, k: int) -> None:
     """The runs judged K candidates in a step, accepted >= 2 in some step, and re-proposed (K >= 2)."""
     assert exercise.max_k == min(k, LENGTH - 2), exercise

@@ -18,7 +18,7 @@ from verispec.adaptive import Acceptance, AutoK, CostCurve, expected_tokens, par
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig
 from verispec.testing import TableModel, tiny_model
-from tests.distribution import chi_square_pvalue, exact_distribution, sample_with_exercise
+from tests.distribution import against_plain, chi_square_pvalue, exact_distribution, sample_with_exercise
 from tests.distribution import LENGTH
 from tests.test_speculative import ALPHA, N_SAMPLES, VOCAB, _target
 
@@ -702,10 +702,19 @@ class RedrawsTheCutDraft(verispec.DraftModel):
         return verispec.Proposal(tokens, proposal.probs, proposal.draft_calls)
 
 
-def _auto_law_test(monkeypatch, make, sampling: SamplingConfig):
-    """Sample with k="auto" on a synthetic cost curve; half of the controller's choices (K and the
-    draft-side stop, and the cut of rated proposals) are overridden at random, so every K from 0 to the
-    budget and cuts at every position occur. Returns the p-value and what the runs did."""
+def _auto_law_test(monkeypatch, make, sampling: SamplingConfig, n: int = N_SAMPLES):
+    """Sample with k="auto" on a synthetic cost curve, the controller's choices half random
+    (``_randomize_the_controller``). Returns the p-value and what the runs did."""
+    seen = _randomize_the_controller(monkeypatch)
+    target = _target()
+    counts, _ = sample_with_exercise(target, make, sampling, n)
+    return chi_square_pvalue(counts, exact_distribution(target, sampling)), seen
+
+
+def _randomize_the_controller(monkeypatch) -> dict:
+    """k="auto" on a synthetic cost curve; half of the controller's choices (K and the draft-side stop,
+    and the cut of rated proposals) are overridden at random, so every K from 0 to the budget and cuts
+    at every position occur. Returns what the runs did, filled in as they run."""
     import random
 
     monkeypatch.setattr(adaptive, "cost_curve", lambda *a: (_curve(verify_per_row=0.05, draft_per_token=0.12), False, "synthetic"))
@@ -736,9 +745,7 @@ def _auto_law_test(monkeypatch, make, sampling: SamplingConfig):
     monkeypatch.setattr(AutoK, "keep_drafting", random_keep)
     monkeypatch.setattr(AutoK, "cut", random_cut)
     monkeypatch.setattr(AutoK, "observe", watch)
-    target = _target()
-    counts, _ = sample_with_exercise(target, make, sampling, N_SAMPLES)
-    return chi_square_pvalue(counts, exact_distribution(target, sampling)), seen
+    return seen
 
 
 def test_auto_k_preserves_the_target_distribution(monkeypatch):
@@ -789,9 +796,24 @@ def test_cut_negative_control_is_detected(monkeypatch):
 
 def test_auto_k_negative_control_is_detected(monkeypatch):
     draft = TableModel(vocab=VOCAB, seed=99, sharpness=1.5)
-    pvalue, seen = _auto_law_test(monkeypatch, lambda: RedrawsTheCutDraft(draft, k="auto"), SamplingConfig(1.0))
+    # Its defect touches only the steps where the stop cut a proposal after 2+ candidates: twice the
+    # samples, for the power to see it (at N_SAMPLES its p-value sat near ALPHA, 1.5e-3 on one stream)
+    pvalue, seen = _auto_law_test(monkeypatch, lambda: RedrawsTheCutDraft(draft, k="auto"), SamplingConfig(1.0),
+                                  n=2 * N_SAMPLES)
     assert seen["cut"] >= {2, 3}, seen
     assert pvalue < ALPHA, f"redrawing cut proposals' last draft went undetected (p = {pvalue:.3f})"
+
+
+def test_sampled_prompt_lookup_with_auto_commits_the_tokens_plain_sampling_commits(monkeypatch):
+    """Position-keyed sampling: with K and the cut changing from step to step (half at random), prompt
+    lookup's sampled output is token for token plain sampling's with the same seed."""
+    seen = _randomize_the_controller(monkeypatch)
+    target, prompt = _target(), [1, 2, 0, 1, 2, 0, 1]
+    differing, judged = against_plain(target, lambda: verispec.PromptLookup(ngram=1, k="auto"),
+                                      SamplingConfig(0.7, top_p=0.95), prompt=prompt, length=16)
+    assert len(seen["k"]) >= 5 and seen["cut"] >= {1, 2, 3}, seen
+    assert judged["rejected_later"] > 0 and judged["all_kept"] > 0, judged
+    assert differing == 0, f"{differing} seeds gave other tokens than plain sampling"
 
 
 @pytest.mark.parametrize("mode", ["auto", "auto:cost", "auto:confidence"])
@@ -903,23 +925,32 @@ def test_a_short_auto_run_times_the_whole_curve():
 
 
 def test_judging_the_calibration_leaves_the_run_s_random_stream_alone(monkeypatch):
-    """The calibration judges its passes on a generator of its own: a sampled k="auto" run that never
-    speculates draws what plain sampling with its seed draws. Control: judging on the run's own
-    generator (the rejection sampling draws from it) changes the run's tokens."""
+    """The calibration judges its passes on a generator of its own: a sampled k="auto" run that measures
+    its cost curve draws what the same run draws with the curve already measured (no calibration), and
+    one that never speculates draws what plain sampling with its seed draws. Control: judging on the
+    run's own generator (the rejection sampling draws from it) changes the run's tokens."""
     from verispec.decoding import Generation
 
     target, draft = tiny_model(vocab=16, seed=0, layers=2), tiny_model(vocab=16, seed=1, layers=1)
-    monkeypatch.setattr(AutoK, "choose", lambda self, budget: 0)
     sampling = SamplingConfig(1.0, seed=5)
     run = lambda: verispec.generate(target, input_ids=[1, 2, 3], max_new_tokens=24, sampling=sampling,
                                     drafter=verispec.DraftModel(draft, k="auto")).token_ids
+    fresh = lambda name: (monkeypatch.setattr(adaptive, "_MEASURED", {}),
+                          monkeypatch.setenv("VERISPEC_CACHE", str(adaptive.cache_dir() / name)))
+    monkeypatch.setattr(AutoK, "choose", lambda self, budget: min(2, budget))  # speculates every step
+    fresh("first")
+    calibrated = run()
+    assert adaptive._MEASURED  # the curve it measured: the next run reads it and calibrates nothing
+    assert run() == calibrated
+    monkeypatch.setattr(AutoK, "choose", lambda self, budget: 0)  # never speculates
+    fresh("second")
     plain = verispec.generate(target, input_ids=[1, 2, 3], max_new_tokens=24, sampling=sampling).token_ids
     assert run() == plain
     verify = Generation._verify
-    monkeypatch.setattr(adaptive, "_MEASURED", {})
-    monkeypatch.setenv("VERISPEC_CACHE", str(adaptive.cache_dir() / "fresh"))
     monkeypatch.setattr(Generation, "_verify", lambda self, d, q, logits, generator=None: verify(self, d, q, logits))
-    assert run() != plain
+    monkeypatch.setattr(AutoK, "choose", lambda self, budget: min(2, budget))
+    fresh("third")
+    assert run() != calibrated
 
 
 def test_greedy_and_sampled_judging_are_priced_apart():

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import verispec
-from verispec.acceptance import (ExactRule, Verdict, VerdictLaw, acceptance_probabilities, exact_verify,
+from verispec.acceptance import (ExactRule, Verdict, VerdictLaw, acceptance_probabilities, coupled_verify, exact_verify,
                                  exact_verify_reference, residual_distribution)
 from verispec.errors import VerispecError
 from verispec.sampling import SamplingConfig, sample
-from tests.distribution import (LENGTH, assert_exercised, chi_square_pvalue, exact_distribution, sample_sequences,
+from tests.distribution import (LENGTH, against_plain, assert_exercised, chi_square_pvalue, exact_distribution, sample_sequences,
                                 sample_with_exercise)
 from verispec.testing import TableModel, TokenCache, tiny_model
 
@@ -219,6 +219,67 @@ def test_plain_sampling_matches_law_and_is_seeded():
                                          sampling=SamplingConfig(1.0, seed=seed)).token_ids
     assert run(5) == run(5)
     assert len({tuple(run(s)) for s in range(10)}) > 1
+
+
+# ---------------------------------------------------------------- position-keyed sampling
+
+SAMPLED = [(0.7, 0, 1.0), (1.0, 2, 1.0), (1.0, 0, 0.8)]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", SAMPLED)
+@pytest.mark.parametrize("K", [1, 2, 3, 4])
+def test_sampled_prompt_lookup_commits_the_tokens_plain_sampling_commits(temperature, top_k, top_p, K):
+    """Each output position is drawn with its own uniform, so a deterministic draft under the exact rule
+    commits, seed for seed, what plain sampling commits: rejections at every candidate included."""
+    differing, judged = against_plain(_target(), lambda: PromptLookupStub(K), SamplingConfig(temperature, top_k, top_p))
+    assert judged["rejected_first"] > 0, judged
+    if K >= 2:
+        assert judged["rejected_later"] > 0 and judged["all_kept"] > 0, judged
+    assert differing == 0, f"{differing} seeds gave other tokens than plain sampling"
+
+
+class ReadsTheFirstUniformAgain(ExactRule):
+    """Negative control, wrong only past the first candidate: candidates 1.. (and the bonus) are judged
+    with the uniform of the step's first position instead of their own."""
+
+    coupled = True
+
+    def verify_coupled(self, draft_tokens, target_probs, uniform):
+        return coupled_verify(draft_tokens, target_probs, lambda i: uniform(0))
+
+
+class BonusReadsTheNextPosition(ExactRule):
+    """Negative control, wrong only at the bonus: the bonus token reads the next position's uniform."""
+
+    coupled = True
+
+    def verify_coupled(self, draft_tokens, target_probs, uniform):
+        K = draft_tokens.numel()
+        return coupled_verify(draft_tokens, target_probs, lambda i: uniform(i + 1 if i == K else i))
+
+
+@pytest.mark.parametrize("broken", [ReadsTheFirstUniformAgain, BonusReadsTheNextPosition])
+def test_position_keying_negative_controls_are_detected(broken):
+    differing, judged = against_plain(_target(), lambda: PromptLookupStub(4), SamplingConfig(1.0), acceptance=broken())
+    assert judged["rejected_later"] > 0 and judged["all_kept"] > 0, judged
+    assert differing > 0, f"{broken.__name__} went undetected"
+
+
+def test_a_rule_that_does_not_declare_coupling_judges_with_the_generator_and_keeps_the_law():
+    """A subclass of the exact rule judges deterministic drafts through law/verify and the run's generator
+    (a changed law must not inherit the coupled path); the generator path keeps the law too."""
+
+    class Uncoupled(ExactRule):
+        pass
+
+    assert ExactRule.coupled and not Uncoupled.coupled
+    sampling = SamplingConfig(0.8)
+    counts, exercise = sample_with_exercise(_target(), lambda: PromptLookupStub(4), sampling, N_SAMPLES,
+                                            acceptance=Uncoupled())
+    assert_exercised(exercise, 4)
+    assert chi_square_pvalue(counts, exact_distribution(_target(), sampling)) >= ALPHA
+    differing, _ = against_plain(_target(), lambda: PromptLookupStub(4), sampling, acceptance=Uncoupled())
+    assert differing > 0  # the generator path commits other tokens than plain sampling: it is not coupled
 
 
 # ---------------------------------------------------------------- greedy equivalence on a real transformer

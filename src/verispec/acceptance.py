@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from verispec.errors import VerispecError
-from verispec.sampling import sample
+from verispec.sampling import sample, sample_at
 from verispec.validation import number, positive_int
 
 
@@ -124,6 +124,28 @@ def exact_verify_reference(draft_tokens: torch.Tensor, draft_probs: torch.Tensor
     return Verdict(K, sample(target_probs[K], generator), bonus=True)
 
 
+def coupled_verify(draft_tokens: torch.Tensor, target_probs: torch.Tensor,
+                   uniform: Callable[[int], float]) -> Verdict:
+    """The exact rule for a deterministic draft, with the randomness keyed by output position.
+
+    draft_tokens  # [K]
+    target_probs  # [K+1, vocab]
+    uniform       # i -> the uniform in [0, 1) of the step's i-th output position (i = 0..K), read lazily
+    Position i's token is the one its uniform picks from p_i (``sample_at``): draft i is kept when that
+    token is the draft, else that token replaces it. So draft x is kept with probability p(x), as the
+    exact rule keeps a one-hot draft (min(1, p(x)/1)), and a rejection's token has law p given "not x",
+    which is max(0, p - q) normalised: the same law as ``exact_verify``. And the committed tokens are the
+    ones plain sampling with the same uniforms commits, whatever K was: each uniform picks one token, at
+    its own position, and is read once.
+    """
+    drafts = draft_tokens.tolist()
+    for i, draft in enumerate(drafts):
+        token = sample_at(target_probs[i], uniform(i))
+        if token != draft:
+            return Verdict(i, token, bonus=False)
+    return Verdict(len(drafts), sample_at(target_probs[len(drafts)], uniform(len(drafts))), bonus=True)
+
+
 def greedy_verify(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
     """Greedy: keep drafts while they equal the target's argmax; the first mismatch becomes the argmax.
 
@@ -146,6 +168,8 @@ class AcceptanceRule:
 
     name = "rule"
     exact = False
+    # Whether ``verify_coupled`` (position-keyed randomness, deterministic drafts) gives this rule's law
+    coupled = False
 
     def law(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
             target_probs: torch.Tensor) -> VerdictLaw:
@@ -154,6 +178,12 @@ class AcceptanceRule:
     def verify(self, draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
                generator: torch.Generator) -> Verdict:
         return draw_verdict(self.law(draft_tokens, draft_probs, target_probs), generator)
+
+    def verify_coupled(self, draft_tokens: torch.Tensor, target_probs: torch.Tensor,
+                       uniform: Callable[[int], float]) -> Verdict:
+        """Judge a deterministic draft ([K], no q) with one uniform per output position (i -> u_i); only
+        for rules whose ``coupled`` is True."""
+        raise NotImplementedError
 
     def keeps(self, draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
         """[K] bool: which drafts a deterministic rule keeps (used for greedy decoding)."""
@@ -190,6 +220,14 @@ class ExactRule(AcceptanceRule):
 
     name = "exact"
     exact = True
+    coupled = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        # A subclass changes the law (lenience, forced acceptance, a test's broken rule): it judges with
+        # the run's generator through ``law``/``verify`` unless it says itself that coupling serves it.
+        super().__init_subclass__(**kwargs)
+        if "coupled" not in cls.__dict__:
+            cls.coupled = False
 
     def law(self, draft_tokens, draft_probs, target_probs) -> VerdictLaw:
         K = draft_tokens.numel()
@@ -198,6 +236,9 @@ class ExactRule(AcceptanceRule):
         replacement = lambda i: (residual_distribution(target_probs[i], draft_probs[i]) if i < K
                                  else target_probs[K].double())
         return VerdictLaw(acceptance_probabilities(draft_tokens, draft_probs, target_probs), replacement)
+
+    def verify_coupled(self, draft_tokens, target_probs, uniform) -> Verdict:
+        return coupled_verify(draft_tokens, target_probs, uniform)
 
     def verify_greedy(self, draft_tokens, target_logits) -> Verdict:
         return greedy_verify(draft_tokens, target_logits)

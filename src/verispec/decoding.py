@@ -18,7 +18,7 @@ from verispec.adaptive import CURVE_ROWS, AutoK, auto_mode, is_auto
 from verispec.drafters.base import DraftContext, Drafter, Proposal
 from verispec.errors import VerispecError
 from verispec.models.protocol import DecoderModel
-from verispec.sampling import SamplingConfig, check_logits, logits_to_probs
+from verispec.sampling import SamplingConfig, check_logits, logits_to_probs, position_uniform
 from verispec.stats import GenerationStats
 from verispec.validation import is_int, positive_int
 
@@ -200,6 +200,7 @@ class Generation:
             raise VerispecError(f"prompt ({len(self.prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) "
                                 f"exceeds the model's context of {context} tokens")
         seed = self.sampling.resolved_seed()
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
         settings = drafter.settings() if drafter is not None else {"method": "plain"}
         self.stats = GenerationStats(method=settings["method"], settings=settings,
@@ -352,8 +353,15 @@ class Generation:
         check_logits(logits, "the target model")
         if self.sampling.greedy:
             return getattr(self.acceptance, "verify_greedy", greedy_verify)(drafts, logits)
-        return self.acceptance.verify(drafts, draft_probs, logits_to_probs(logits, self.sampling),
-                                      self.generator if generator is None else generator)
+        probs = logits_to_probs(logits, self.sampling)
+        if generator is None and draft_probs is None and getattr(self.acceptance, "coupled", False):
+            # A deterministic draft (or none) under the exact rule: the token at each output position is
+            # drawn with that position's own uniform, so plain sampling and prompt lookup at any K (auto
+            # included) commit the same tokens for a seed. The calibration's passes judge with their own
+            # generator and read none of these.
+            start, seed = len(self.new_ids), self.seed
+            return self.acceptance.verify_coupled(drafts, probs, lambda i: position_uniform(seed, start + i))
+        return self.acceptance.verify(drafts, draft_probs, probs, self.generator if generator is None else generator)
 
     def result(self) -> GenerationResult:
         for _ in self._events:  # finish the run (nothing left to do once it has ended)

@@ -92,12 +92,40 @@ def check_logits(logits: torch.Tensor, who: str) -> None:
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """Draw one token id from a [vocab] distribution (need not be normalised) by inverting its CDF.
 
-    Several times cheaper than ``torch.multinomial`` for one draw. ``searchsorted(right=True)``
-    never lands on a zero-probability token, because its CDF step is empty.
+    Several times cheaper than ``torch.multinomial`` for one draw.
     """
+    return sample_at(probs, float(torch.rand(1, generator=generator, dtype=torch.float64)))
+
+
+def sample_at(probs: torch.Tensor, u: float) -> int:
+    """The token a uniform ``u`` in [0, 1) picks from a [vocab] distribution: the inverse of its CDF
+    in vocabulary order. ``searchsorted(right=True)`` never lands on a zero-probability token, because
+    its CDF step is empty."""
     cdf = probs.double().cumsum(-1)  # [vocab]
-    u = torch.rand(1, generator=generator, dtype=torch.float64) * cdf[-1]
-    index = int(torch.searchsorted(cdf, u, right=True))
+    index = int(torch.searchsorted(cdf, cdf[-1:] * u, right=True))
     if index >= cdf.numel():  # u rounded up onto the total: take the last token with mass
         index = int((probs > 0).nonzero()[-1])
     return index
+
+
+_MASK64 = 2**64 - 1
+_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment
+
+
+def _finalize64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def position_uniform(seed: int, position: int) -> float:
+    """The uniform in [0, 1) that the output token at ``position`` (0 = the first new token) is drawn
+    with: the position-th output of a SplitMix64 stream started from ``seed``.
+
+    Keying the randomness by output position, not by how many draws a run has made, is what lets a
+    speculative run with a deterministic drafter commit exactly the tokens plain sampling commits
+    (``verispec.acceptance.coupled_verify``): whatever K was asked, the token at a position is the one
+    its uniform picks from the target's distribution there.
+    """
+    state = (_finalize64((seed + _GAMMA) & _MASK64) + (position + 1) * _GAMMA) & _MASK64
+    return (_finalize64(state) >> 11) * 2.0 ** -53
