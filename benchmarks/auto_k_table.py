@@ -2,7 +2,8 @@
 
 Per decoding mode and setting: the median per-prompt end-to-end speedup over plain decoding on each
 workload, over all runs, and their geometric mean; predicted over achieved (decode) speedup, median and
-runs within 15%; runs below 0.97x; greedy runs identical to plain; steps without speculation. Then, for
+runs within 15%; runs below 0.97x; runs with the same tokens as plain (greedy, and sampled where the
+records say: position-keyed sampling); steps without speculation. Then, for
 each `k="auto"` setting with fixed-K settings of the same drafter beside it: the gap to the best fixed K
 on each workload (goal: within 5%) and on the mix (goal: ahead of every fixed K).
 
@@ -58,7 +59,8 @@ def main(path: str) -> None:
         speedups = [r["speedup"] for r in runs]
         ratios = [r["predicted_speedup"] / r["decode_speedup"] for r in runs
                   if r.get("predicted_speedup") and r.get("decode_speedup")]
-        identical = [r["identical_to_plain"] for r in runs if r["mode"] == "greedy"]
+        identical = [r.get("same_tokens_as_plain", r["identical_to_plain"]) for r in runs
+                     if r.get("same_tokens_as_plain") is not None or r["mode"] == "greedy"]
         plain = [(r["plain_steps"], r["decode_steps"]) for r in runs if r.get("plain_steps") is not None]
         cells = [fmt(medians[w]) if w in medians else "-" for w in WORKLOADS]
         cells += [fmt(statistics.median(speedups)), f"{geomean(speedups):.3f}",

@@ -40,7 +40,7 @@ RECORD_SCHEMA = {
     "per_token_seconds": NUMBER, "target_calls_per_token": NUMBER, "acceptance_rate": OPTIONAL_NUMBER,
     "acceptance_rate_by_position": (list, type(None)), "mean_accepted_length": NUMBER,
     # comparison with plain decoding and quality
-    "speedup": NUMBER, "plain_tokens_per_second": NUMBER, "decode_speedup": NUMBER, "plain_decode_tokens_per_second": NUMBER, "identical_to_plain": (bool, type(None)), "first_divergence": (int, type(None)),
+    "speedup": NUMBER, "plain_tokens_per_second": NUMBER, "decode_speedup": NUMBER, "plain_decode_tokens_per_second": NUMBER, "identical_to_plain": (bool, type(None)), "first_divergence": (int, type(None)), "same_tokens_as_plain": bool,
     "target_logprob_mean": NUMBER, "plain_target_logprob_mean": NUMBER, "metric": (str, type(None)),
     "metric_value": OPTIONAL_NUMBER, "plain_metric_value": OPTIONAL_NUMBER,
     "weight_bytes_per_token": (int, type(None)), "roofline": OPTIONAL_NUMBER,

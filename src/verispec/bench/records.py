@@ -63,6 +63,9 @@ def make_record(context: dict[str, Any], run: RunOutput, plain: RunOutput | None
         "plain_decode_tokens_per_second": plain_decode,
         "identical_to_plain": (run.token_ids == base.token_ids) if greedy else None,
         "first_divergence": first_divergence(run.token_ids, base.token_ids) if greedy else None,
+        # Every mode: sampled runs of a deterministic drafter under the exact rule commit plain sampling's
+        # tokens for the seed (position-keyed sampling), so their ratios compare the same text.
+        "same_tokens_as_plain": run.token_ids == base.token_ids,
         "target_logprob_mean": statistics.fmean(run.target_logprobs) if run.target_logprobs else None,
         "plain_target_logprob_mean": statistics.fmean(base.target_logprobs) if base.target_logprobs else None,
         "metric": metric,
