@@ -92,7 +92,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -524,8 +524,18 @@ class Acceptance:
         return min(BINS - 1, max(0, int(confidence * BINS)))
 
     def by_confidence(self, confidence: float) -> float:
-        b = self.bin(confidence)
-        return (self.bin_kept[b] + PRIOR_WEIGHT * self.pooled) / (self.bin_judged[b] + PRIOR_WEIGHT)
+        """P(a candidate drafted with this confidence is kept): its bin's rate, pulled toward the pooled one."""
+        return self.by_confidences((confidence,))[0]
+
+    def by_confidences(self, confidences: Iterable[float]) -> list[float]:
+        """``by_confidence`` of each, the pooled prior computed once (a rated proposal's candidates are
+        rated together: one call a step instead of one per candidate, in the controller's per-step cost)."""
+        prior, kept, judged = PRIOR_WEIGHT * self.pooled, self.bin_kept, self.bin_judged
+        out = []
+        for c in confidences:
+            b = min(BINS - 1, max(0, int(c * BINS)))  # (``bin``, inline)
+            out.append((kept[b] + prior) / (judged[b] + PRIOR_WEIGHT))
+        return out
 
 
 class ProposalLengths:
@@ -674,6 +684,7 @@ class AutoK:
         self._rate = 0.0
         self._reach = 1.0
         self._confidence: list[float] = []
+        self._ratings: list[float] = []  # ... and each one's acceptance by confidence, as then estimated
         self._stopped = False  # the draft-side stop ended this proposal
         self._confidence_seen = False  # the drafter reports its confidence (the stop can work)
         self._rated = False  # ... for whole proposals at once (``cut``): a longer ask costs it nothing
@@ -791,7 +802,7 @@ class AutoK:
             return 0
         if self._ask_ahead > 0 and budget >= K_MAX:  # a rated drafter's asking stretch (see below)
             self._ask_ahead -= 1
-            self._reach, self._confidence, self._stopped = 1.0, [], False
+            self._reach, self._confidence, self._ratings, self._stopped = 1.0, [], [], False
             return K_MAX
         self._catch_up()
         if not self.active:
@@ -862,7 +873,7 @@ class AutoK:
         # observe). The full decision cost ~70 us a step in place (prompt lookup's auto spent ~0.2 ms a
         # step more outside the passes than fixed K = 2, BENCHMARKS.md section 24).
         self._ask_ahead = PLAIN_RECHECK - 1 if self._stop_step and self._rated and pays else 0
-        self._reach, self._confidence, self._stopped = 1.0, [], False
+        self._reach, self._confidence, self._ratings, self._stopped = 1.0, [], [], False
         return k
 
     @staticmethod
@@ -902,13 +913,15 @@ class AutoK:
     def keep_drafting(self, confidence: float) -> bool:
         """The draft-side stop, asked after each drafted token with the draft's probability of it:
         go on while one more candidate is expected to add more tokens than its cost takes away."""
+        rating = self.acceptance.by_confidence(confidence)
         self._confidence.append(confidence)
+        self._ratings.append(rating)
         self._confidence_seen = True
         self._plain_ahead = 0  # a drafter's confidence changes what pays (see choose)
         k = len(self._confidence)
         if k >= K_MAX:
             return True
-        self._reach *= self.acceptance.by_confidence(confidence)
+        self._reach *= rating
         curve = self.curve
         # seconds as ``cost`` prices them (``_rate`` is tokens per such second)
         extra_seconds = ((curve.draft[k + 1] - curve.draft[k]) * self.draft_scale
@@ -935,18 +948,20 @@ class AutoK:
         self._plain_ahead = 0  # rated proposals change what pays (see choose)
         reach, keep, gain, best = 1.0, 0, 0.0, 0.0
         bought = self.verify_scale * self._rate  # tokens a curve second buys at the yardstick rate
-        base = self._verify(1)  # the pass without candidates
-        for j, c in enumerate(confidence[:K_MAX]):
-            reach *= self.acceptance.by_confidence(c)
+        context = len(self._tokens) - 1
+        base = self._price(1, context)  # the pass without candidates
+        ratings = self.acceptance.by_confidences(confidence[:K_MAX])
+        for j, rating in enumerate(ratings):
+            reach *= rating
             gain += reach
-            net = gain - (self._verify(j + 2) - base) * bought
+            net = gain - (self._price(j + 2, context) - base) * bought
             if net > best:
                 keep, best = j + 1, net
         self._cut_in_a_row = self._cut_in_a_row + 1 if keep == 0 and confidence else 0
         if self._cut_in_a_row > PROBE_FIRST:
             keep, self._cut_in_a_row = 1, 0
             self.probes += 1
-        self._confidence = list(confidence[:keep])
+        self._confidence, self._ratings = list(confidence[:keep]), ratings[:keep]
         self._stopped = keep < len(confidence)
         self.candidates_cut += len(confidence) - keep
         self.cut_to_plain += keep == 0 and bool(confidence)  # (an empty proposal was not cut: no match)
@@ -999,8 +1014,9 @@ class AutoK:
         # draft-side stop chose to end it.
         chain_ended = accepted == proposed < asked and not self._stopped
         stop_chose = self._stop_step and (proposed or self._stopped)
-        # the acceptance by each candidate's confidence, as the estimates stood when it was drafted
-        kept = [self.acceptance.by_confidence(c) for c in self._confidence[:proposed]] if stop_chose else []
+        # the acceptance by each candidate's confidence, as the estimates stood when it was drafted (rated
+        # then, by ``keep_drafting`` or ``cut``)
+        kept = self._ratings[:proposed] if stop_chose else []
         self._forget()
         if stop_chose:
             # The stop chose the length: predict the step from the proposal as drafted, and price it at
