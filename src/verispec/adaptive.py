@@ -531,11 +531,7 @@ class Acceptance:
         """``by_confidence`` of each, the pooled prior computed once (a rated proposal's candidates are
         rated together: one call a step instead of one per candidate, in the controller's per-step cost)."""
         prior, kept, judged = PRIOR_WEIGHT * self.pooled, self.bin_kept, self.bin_judged
-        out = []
-        for c in confidences:
-            b = min(BINS - 1, max(0, int(c * BINS)))  # (``bin``, inline)
-            out.append((kept[b] + prior) / (judged[b] + PRIOR_WEIGHT))
-        return out
+        return [(kept[b] + prior) / (judged[b] + PRIOR_WEIGHT) for b in map(self.bin, confidences)]
 
 
 class ProposalLengths:
