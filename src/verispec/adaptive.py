@@ -680,7 +680,6 @@ class AutoK:
         self._rate = 0.0
         self._reach = 1.0
         self._confidence: list[float] = []
-        self._ratings: list[float] = []  # ... and each one's acceptance by confidence, as then estimated
         self._stopped = False  # the draft-side stop ended this proposal
         self._confidence_seen = False  # the drafter reports its confidence (the stop can work)
         self._rated = False  # ... for whole proposals at once (``cut``): a longer ask costs it nothing
@@ -798,7 +797,7 @@ class AutoK:
             return 0
         if self._ask_ahead > 0 and budget >= K_MAX:  # a rated drafter's asking stretch (see below)
             self._ask_ahead -= 1
-            self._reach, self._confidence, self._ratings, self._stopped = 1.0, [], [], False
+            self._reach, self._confidence, self._stopped = 1.0, [], False
             return K_MAX
         self._catch_up()
         if not self.active:
@@ -869,7 +868,7 @@ class AutoK:
         # observe). The full decision cost ~70 us a step in place (prompt lookup's auto spent ~0.2 ms a
         # step more outside the passes than fixed K = 2, BENCHMARKS.md section 24).
         self._ask_ahead = PLAIN_RECHECK - 1 if self._stop_step and self._rated and pays else 0
-        self._reach, self._confidence, self._ratings, self._stopped = 1.0, [], [], False
+        self._reach, self._confidence, self._stopped = 1.0, [], False
         return k
 
     @staticmethod
@@ -909,15 +908,13 @@ class AutoK:
     def keep_drafting(self, confidence: float) -> bool:
         """The draft-side stop, asked after each drafted token with the draft's probability of it:
         go on while one more candidate is expected to add more tokens than its cost takes away."""
-        rating = self.acceptance.by_confidence(confidence)
         self._confidence.append(confidence)
-        self._ratings.append(rating)
         self._confidence_seen = True
         self._plain_ahead = 0  # a drafter's confidence changes what pays (see choose)
         k = len(self._confidence)
         if k >= K_MAX:
             return True
-        self._reach *= rating
+        self._reach *= self.acceptance.by_confidence(confidence)
         curve = self.curve
         # seconds as ``cost`` prices them (``_rate`` is tokens per such second)
         extra_seconds = ((curve.draft[k + 1] - curve.draft[k]) * self.draft_scale
@@ -944,20 +941,19 @@ class AutoK:
         self._plain_ahead = 0  # rated proposals change what pays (see choose)
         reach, keep, gain, best = 1.0, 0, 0.0, 0.0
         bought = self.verify_scale * self._rate  # tokens a curve second buys at the yardstick rate
-        context = len(self._tokens) - 1
-        base = self._price(1, context)  # the pass without candidates
+        base = self._verify(1)  # the pass without candidates
         ratings = self.acceptance.by_confidences(confidence[:K_MAX])
         for j, rating in enumerate(ratings):
             reach *= rating
             gain += reach
-            net = gain - (self._price(j + 2, context) - base) * bought
+            net = gain - (self._verify(j + 2) - base) * bought
             if net > best:
                 keep, best = j + 1, net
         self._cut_in_a_row = self._cut_in_a_row + 1 if keep == 0 and confidence else 0
         if self._cut_in_a_row > PROBE_FIRST:
             keep, self._cut_in_a_row = 1, 0
             self.probes += 1
-        self._confidence, self._ratings = list(confidence[:keep]), ratings[:keep]
+        self._confidence = list(confidence[:keep])
         self._stopped = keep < len(confidence)
         self.candidates_cut += len(confidence) - keep
         self.cut_to_plain += keep == 0 and bool(confidence)  # (an empty proposal was not cut: no match)
@@ -1010,9 +1006,8 @@ class AutoK:
         # draft-side stop chose to end it.
         chain_ended = accepted == proposed < asked and not self._stopped
         stop_chose = self._stop_step and (proposed or self._stopped)
-        # the acceptance by each candidate's confidence, as the estimates stood when it was drafted (rated
-        # then, by ``keep_drafting`` or ``cut``)
-        kept = self._ratings[:proposed] if stop_chose else []
+        # the acceptance by each candidate's confidence, as the estimates stood when it was drafted
+        kept = self.acceptance.by_confidences(self._confidence[:proposed]) if stop_chose else []
         self._forget()
         if stop_chose:
             # The stop chose the length: predict the step from the proposal as drafted, and price it at
