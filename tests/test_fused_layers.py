@@ -254,6 +254,33 @@ def test_row_count_paths_are_measured_on_the_models_own_matrices(monkeypatch):
     assert {id(w) for w in seen} == {id(layer.weight) for layer in linears[:2]}
 
 
+def test_the_few_row_path_is_chosen_on_weights_streamed_from_memory(monkeypatch):
+    # In the cache "rows" wins; streamed over matrices that overflow the last-level cache "packed" does
+    # (AVX2-only EPYC: the rows kernel 0.81 ms against packed 0.91 on one cached matrix, packed 1.6-2x
+    # faster streamed). A path more than 2x slower in the cache ("far") is not measured again.
+    calls = []
+
+    def measure(paths, rows=(1, 8), out=4096, inner=1536, repeats=5, matrices=1):
+        calls.append((paths, matrices))
+        streamed = matrices > 1
+        table = {"rows": 1.0 if not streamed else 2.0, "packed": 1.2 if not streamed else 1.1, "far": 5.0}
+        return {p: table[p] for p in paths}
+
+    monkeypatch.setattr(kernels, "int8_paths", lambda: ("packed", "rows", "far"))
+    monkeypatch.setattr(kernels, "measure_int8_paths", measure)
+    monkeypatch.delenv("VERISPEC_INT8_PATH", raising=False)
+    monkeypatch.setattr("verispec.machine.last_level_cache_bytes", lambda: 64 << 20)
+    monkeypatch.delitem(kernels._state, "int8_path", raising=False)
+    assert kernels.few_row_path() == "packed"
+    assert calls[0] == (("packed", "rows", "far"), 1)
+    assert calls[1][0] == ("packed", "rows") and calls[1][1] * 4096 * 1536 >= 1.25 * (64 << 20)
+    assert kernels.stream_matrices() == calls[1][1]
+    monkeypatch.setattr("verispec.machine.last_level_cache_bytes", lambda: 0)  # unknown: the floor
+    assert kernels.stream_matrices() * 4096 * 1536 >= kernels.STREAM_BYTES[0]
+    monkeypatch.setattr("verispec.machine.last_level_cache_bytes", lambda: 1 << 40)  # capped
+    assert (kernels.stream_matrices() - 1) * 4096 * 1536 < kernels.STREAM_BYTES[1]
+
+
 def test_the_last_level_cache_is_read_where_linux_reports_it():
     from verispec.machine import last_level_cache_bytes
 
