@@ -200,7 +200,9 @@ def test_int8_paths_by_row_count_keep_the_weights_layout():
     stored = kernels.weight_layout(kernels.few_row_path())
     for rows in (1, 2, 3, 5, 8, 16, 40, 64, kernels.INVARIANT_ROWS):
         assert kernels.weight_layout(kernels.int8_path(rows)) == stored or kernels.int8_path(rows) == "intmm"
-    assert kernels.int8_path(kernels.INVARIANT_ROWS + 1) in ("amx", "intmm")
+    prompt = kernels.int8_path(kernels.INVARIANT_ROWS + 1)
+    assert prompt in ("amx", "intmm", kernels.few_row_path()) and (
+        prompt == "intmm" or kernels.weight_layout(prompt) == stored)
 
 
 @pytest.mark.parametrize("few_rows", ["vnni", "amx"])
@@ -211,9 +213,31 @@ def test_a_prompt_takes_amx_tiles_whichever_packed_path_won_for_few_rows(few_row
     # (torch's _int_mm would first unpack every matrix: 1.2 of a 700-token prefill's 4.5 s on the 1.5B).
     monkeypatch.setitem(kernels._state, "int8_path", few_rows)
     monkeypatch.setitem(kernels._state, "int8_table", [few_rows] * len(kernels.ROW_COUNTS))
+    monkeypatch.delitem(kernels._state, "prompt_int8_path", raising=False)
     assert kernels.int8_path(kernels.INVARIANT_ROWS + 1) == "amx"
     monkeypatch.setitem(kernels._state, "int8_path", "vnni-rows")  # weights stored as rows: oneDNN's GEMM
+    monkeypatch.delitem(kernels._state, "prompt_int8_path")
+    monkeypatch.setattr(kernels, "measure_int8_paths", lambda paths, **kw: {"intmm": 1.0, "vnni-rows": 2.0})
     assert kernels.int8_path(kernels.INVARIANT_ROWS + 1) == "intmm"
+
+
+@pytest.mark.parametrize("faster", ["intmm", "avx2-packed"])
+def test_a_prompt_without_tiles_takes_the_faster_of_int_mm_and_the_few_row_kernel(faster, monkeypatch):
+    # Without VNNI torch's _int_mm took ~37x as long as the AVX2 kernel (a 40-token prompt cost ~4 s);
+    # where it is the faster one (oneDNN on VNNI), prompts keep it. Measured once, then remembered.
+    monkeypatch.setattr(kernels, "int8_paths", lambda: ("avx2-packed", "avx2", "intmm"))
+    monkeypatch.setitem(kernels._state, "int8_path", "avx2-packed")
+    monkeypatch.delitem(kernels._state, "prompt_int8_path", raising=False)
+    asked = []
+
+    def measure(paths, rows=(1, 8), **kw):
+        asked.append((paths, rows))
+        return {p: 1.0 if p == faster else 30.0 for p in paths}
+
+    monkeypatch.setattr(kernels, "measure_int8_paths", measure)
+    assert kernels.int8_path(kernels.INVARIANT_ROWS + 1) == faster
+    assert kernels.int8_path(500) == faster and asked == [(("intmm", "avx2-packed"), (kernels.PROMPT_ROWS,))]
+    assert kernels.int8_path(kernels.INVARIANT_ROWS) != "intmm"  # verification rows stay on the few-row kernel
 
 
 def test_a_model_that_ran_can_be_copied_and_the_copy_runs_its_own_stack(monkeypatch):

@@ -495,7 +495,7 @@ def _start(command: list[str], deadline: float = 600) -> tuple[subprocess.Popen,
 
 def test_default_serve_is_smollm2_with_the_cpus_weights_and_prompt_lookup_and_answers_like_generate(smollm2_folder):
     """`verispec serve` with its defaults (only the port chosen freely): the demo's configuration (int8 on a
-    CPU with hardware int8 dot products, else bf16), and its answer is verispec.generate's, token for token."""
+    CPU where int8 decodes faster than bf16, else bf16), and its answer is verispec.generate's, token for token."""
     from verispec import PromptLookup
     from verispec.commands import default_quantize
 

@@ -77,19 +77,20 @@ def fetch_model(name: str, wheel_dir: str | None = None) -> str:
 DEMO_PROMPT = ("Here is a Python function:\n\ndef add_numbers(a, b):\n    return a + b\n\n"
                "Rewrite it with type hints and a docstring, keeping the same name.")
 DEMO_DRAFTER = make_choice("prompt-lookup", {"ngram": 3})  # SmolLM2's best drafter here, k="auto" (BENCHMARKS.md)
-DEMO_QUANTIZE = "int8"  # the demo's and server's weights where the CPU multiplies int8 in hardware
-# int8 accumulation paths in hardware: AVX-512 VNNI and AMX tiles. On an Intel Xeon with both, SmolLM2's
-# int8 target decoded ~2.5x faster than bf16 (BENCHMARKS.md section 27); on an AVX2-only EPYC, whose int8
-# runs on AVX2 multiply-adds, at about a third of bf16's speed (section 23).
-HARDWARE_INT8_PATHS = ("amx", "vnni", "vnni-rows")
+DEMO_QUANTIZE = "int8"  # the demo's and server's weights where int8 decodes faster than bf16
+# The int8 paths on which it does: AVX-512 VNNI and AMX tiles (on an Intel Xeon with both, SmolLM2's int8
+# target decoded ~2.5x faster than bf16, BENCHMARKS.md section 27), and AVX2 multiply-adds on packed
+# weights (AVX2-only EPYC: 78 against 46 tokens a second, section 31). AVX2's rows kernel alone ran int8
+# at about a third of bf16's speed (section 23), which is why the packed one must be present.
+FAST_INT8_PATHS = ("amx", "vnni", "vnni-rows", "avx2-packed")
 
 
 def default_quantize() -> str | None:
     """The target's quantization when none is asked for (``verispec demo``, ``verispec serve``): int8 on a
-    CPU with hardware int8 dot products, else None (the model's own dtype, bf16 by default)."""
+    CPU where one of ``FAST_INT8_PATHS`` runs, else None (the model's own dtype, bf16 by default)."""
     from verispec import kernels
 
-    return DEMO_QUANTIZE if set(kernels.int8_paths()) & set(HARDWARE_INT8_PATHS) else None
+    return DEMO_QUANTIZE if set(kernels.int8_paths()) & set(FAST_INT8_PATHS) else None
 
 
 @dataclasses.dataclass(frozen=True)

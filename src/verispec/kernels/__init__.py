@@ -438,17 +438,42 @@ def int8_path(rows: int) -> str:
     """The int8 path for a product over ``rows`` rows: among the paths that read the weights in the layout
     ``few_row_path`` stored them in, the fastest at the nearest measured row count at or above ``rows``
     (measured once per process on products larger than the CPU's L2 cache, as a model's weights are;
-    VERISPEC_INT8_PATH fixes one path). More than ``INVARIANT_ROWS`` rows (a prompt) take AMX tiles
-    where the CPU has them and the weights are packed (whichever path won for few rows: the VNNI and
-    AMX timings for one row are often a coin flip), else torch's _int_mm (oneDNN's GEMM; packed
-    weights are unpacked for it). Every path gives the same integers."""
+    VERISPEC_INT8_PATH fixes one path). More than ``INVARIANT_ROWS`` rows (a prompt) take
+    ``prompt_int8_path``. Every path gives the same integers."""
+    if rows > INVARIANT_ROWS:
+        return prompt_int8_path()
     table = _state.get("int8_table")
     if table is None:
         table = _state["int8_table"] = _row_count_table()
-    if rows > INVARIANT_ROWS:
-        packed = weight_layout(few_row_path()) == "packed"
-        return "amx" if packed and "amx" in int8_paths() else "intmm"
     return table[next((i for i, m in enumerate(ROW_COUNTS) if m >= rows), len(ROW_COUNTS) - 1)]
+
+
+PROMPT_ROWS = 64  # prompt_int8_path measures products over this many rows (more than a few-row kernel's tile)
+
+
+def prompt_int8_path() -> str:
+    """The int8 path for a prompt (more than ``INVARIANT_ROWS`` rows). AMX tiles where the CPU has them and
+    the weights are packed (whichever path won for few rows: the VNNI and AMX timings for one row are
+    often a coin flip). Otherwise the faster, measured once per process on a [256, 1536] product over
+    ``PROMPT_ROWS`` rows, of torch's _int_mm (oneDNN's GEMM; packed weights are unpacked for it) and the
+    few-row path, which takes any number of rows in the layout the weights are stored in. Without VNNI,
+    _int_mm took ~37x as long (AVX2-only EPYC, 3072 x 576 over 128 rows: 126 ms against avx2-packed's
+    3.4 ms), and a 40-token prompt cost the int8 SmolLM2 ~4 s. VERISPEC_INT8_PATH fixes the few-row
+    path only."""
+    if "prompt_int8_path" in _state:
+        return _state["prompt_int8_path"]  # type: ignore[return-value]
+    few = few_row_path()
+    packed = weight_layout(few) == "packed"
+    if packed and "amx" in int8_paths():
+        chosen = "amx"
+    elif few in ("intmm", "torch"):
+        chosen = "intmm"
+    else:
+        timings = measure_int8_paths(("intmm", few), rows=(PROMPT_ROWS,), out=256, repeats=3)
+        chosen = min(timings, key=timings.get)
+        log.info("int8 prompt path: %s (%s)", chosen, ", ".join(f"{p} {t * 1e3:.2f} ms" for p, t in timings.items()))
+    _state["prompt_int8_path"] = chosen
+    return chosen
 
 
 def _same_layout_paths() -> tuple[str, ...]:
