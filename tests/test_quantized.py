@@ -218,7 +218,84 @@ def test_quantized_drafts_preserve_a_float_targets_distribution(case):
 def test_int4_draft_really_runs_int4():
     target = _tiny_target()
     plan = verispec.QuantizedDraft(4, k=2).check(target)
-    assert all(isinstance(getattr(p, m), kernels.Int4Linear) for p in plan.projections for m in ("qkv", "o", "gate_up", "down"))
+    form = kernels.PackedInt4Linear if kernels.available() else kernels.Int4Linear
+    assert all(isinstance(getattr(p, m), form) for p in plan.projections for m in ("qkv", "o", "gate_up", "down"))
+    if kernels.available():  # and the decoder layers run in the one compiled call, int4 products included
+        assert kernels.layer_stack([target.layers[0].attn_norm, target.layers[0].mlp_norm,
+                                    *(getattr(plan.projections[0], m) for m in ("qkv", "o", "gate_up", "down"))],
+                                   target.config) is not None
+
+
+@pytest.fixture
+def int4_path_restored():
+    """Tests below switch the int4 path; the process's chosen one is put back afterwards."""
+    if not kernels.available():
+        pytest.skip("the packed int4 kernel needs verispec's compiled kernels")
+    chosen = kernels.int4_path()
+    yield kernels._load()
+    kernels._load().set_int4_path(chosen)
+
+
+def _int4_reference(layer: kernels.PackedInt4Linear, x: torch.Tensor) -> torch.Tensor:
+    """What the kernel computes, in fp64: the int8 rows times the dense int4 weights, plus the bias."""
+    q, scale = kernels.quantize_rows(x)
+    return (q.double() * scale.double()[:, None]) @ layer.dense().double().t() + layer.bias.double()
+
+
+def _misplaced_nibbles(layer: kernels.PackedInt4Linear) -> kernels.PackedInt4Linear:
+    """The negative control: the last 16 channels' last 8 inputs packed with their nibbles swapped (inputs
+    i..i+3 read as i+4..i+7), wrong only at the end of the last block."""
+    packed = layer.packed.clone()
+    last = packed[-1, -1]
+    packed[-1, -1] = (last >> 4) | (last << 4)
+    return kernels.PackedInt4Linear(packed, layer.groups, layer.bias)
+
+
+@pytest.mark.parametrize("out,inner", [(16, 32), (48, 64), (3072, 576), (64, 1536)])
+def test_every_int4_path_computes_the_product_of_its_dense_weights(out, inner, int4_path_restored):
+    torch.manual_seed(out + inner)
+    w = torch.randn(out, inner)
+    layer = kernels.PackedInt4Linear.from_float(w, torch.randn(out))
+    # the dense weights are w rounded to 16 levels per group of 32: within half a step (plus the bf16
+    # rounding of the group's low)
+    groups = w.view(out, -1, kernels.INT4_GROUP)
+    step = ((groups.amax(-1) - groups.amin(-1)) / 15).repeat_interleave(kernels.INT4_GROUP, dim=1)
+    low = groups.amin(-1).abs().repeat_interleave(kernels.INT4_GROUP, dim=1)
+    assert ((layer.dense() - w).abs() <= 0.51 * step + low * 2 ** -7).all()
+    bad = _misplaced_nibbles(layer)
+    for path in int4_path_restored.int4_paths():
+        int4_path_restored.set_int4_path(path)
+        for rows in (1, 2, 3, 4, 5, 8, 9):
+            x = torch.randn(rows, inner)
+            expected = _int4_reference(layer, x)
+            tolerance = 1e-5 * expected.abs().max()
+            got = layer(x)
+            assert got.shape == (rows, out) and (got.double() - expected).abs().max() <= tolerance, (path, rows)
+            assert (bad(x).double() - expected).abs().max() > 100 * tolerance, (path, rows)  # the control is seen
+            alone = torch.cat([layer(x[i:i + 1]) for i in range(rows)])
+            assert torch.equal(got, alone), (path, rows)  # no row depends on the batch
+
+
+def test_int4_shapes_outside_the_packing_are_refused_and_the_path_is_checked(int4_path_restored, monkeypatch):
+    assert kernels.PackedInt4Linear.from_float(torch.randn(20, 64)) is None  # outputs not in sixteens
+    assert kernels.PackedInt4Linear.from_float(torch.randn(16, 48)) is None  # inputs not in groups of 32
+    monkeypatch.delitem(kernels._state, "int4_path")
+    monkeypatch.setenv("VERISPEC_INT4_PATH", "amx")
+    with pytest.raises(VerispecError, match="VERISPEC_INT4_PATH=amx is not one of"):
+        kernels.int4_path()
+    monkeypatch.setenv("VERISPEC_INT4_PATH", "avx2")
+    assert kernels.int4_path() == "avx2" and "int4=avx2" in kernels.runtime()
+
+
+def test_the_int4_path_is_the_faster_measured_once(int4_path_restored, monkeypatch):
+    monkeypatch.delitem(kernels._state, "int4_path")
+    monkeypatch.delenv("VERISPEC_INT4_PATH", raising=False)
+    monkeypatch.setattr(int4_path_restored, "int4_paths", lambda: ["vnni", "avx2"], raising=False)
+    timed = iter([{"vnni": 2.0, "avx2": 1.0}])
+    chosen = []
+    monkeypatch.setattr(kernels, "measure_int4_paths", lambda module, paths: next(timed))
+    monkeypatch.setattr(int4_path_restored, "set_int4_path", chosen.append, raising=False)
+    assert kernels.int4_path() == "avx2" and kernels.int4_path() == "avx2" and chosen == ["avx2"]
 
 
 def test_an_int8_target_keeps_its_distribution_under_speculation():

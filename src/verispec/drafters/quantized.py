@@ -2,8 +2,9 @@
 
 One checkpoint serves both passes: the draft runs every layer of the target with its matrices and LM
 head quantized (int8: per-channel weights with per-row int8 activations, the runtime of
-``quantize="int8"``; int4: per-group weights through torch's packed int4 kernel with bf16
-activations). The target verifies with its own weights, so the output law stays the target's. The
+``quantize="int8"``; int4: asymmetric weights with a scale and low per group of 32 inputs and int8
+activations, through verispec's packed int4 kernel, which reads 0.625 bytes a weight; without the
+compiled kernels, torch's packed int4 kernel with bf16 activations). The target verifies with its own weights, so the output law stays the target's. The
 quantized copies cost extra memory, reported in the run's settings.
 """
 
@@ -19,7 +20,8 @@ from verispec.drafters.base import DEFAULT_K
 from verispec.drafters.registry import DrafterSpec, Param
 from verispec.drafters.self_speculative import LayerProjections, SwappedMatrices
 from verispec.errors import VerispecError
-from verispec.kernels import Int4Linear
+from verispec import kernels
+from verispec.kernels import Int4Linear, PackedInt4Linear, dense_weight
 from verispec.models.protocol import LayeredModel
 from verispec.models.quantize import MATRICES, int8_bytes, quantized_linears
 
@@ -36,16 +38,20 @@ class _QuantizedPlan:
 
 
 def _int4_linears(model: Any) -> dict[str, torch.nn.Module]:
-    """int4 copies of the matrices; one whose width no group size divides stays int8 (logged)."""
+    """int4 copies of the matrices: verispec's packed int4 kernel where it is compiled (groups of 32,
+    int8 activations), else torch's packed int4 kernel; a matrix whose shape neither packing takes
+    stays int8 (logged)."""
     int8 = None
     out: dict[str, torch.nn.Module] = {}
     names = [f"layers.{i}.{m}" for i in range(model.config.num_layers) for m in MATRICES] + ["lm_head"]
+    form = PackedInt4Linear if kernels.available() else Int4Linear
     for name in names:
         module = model.get_submodule(name)
-        q = Int4Linear.from_float(module.weight, module.bias)
+        q = form.from_float(dense_weight(module), module.bias)
         if q is None:
             int8 = int8 if int8 is not None else quantized_linears(model, "int8")
-            log.info("%s: no int4 group size divides its %d inputs; it drafts in int8", name, module.weight.shape[1])
+            log.info("%s: its shape %s does not fit the int4 packing; it drafts in int8", name,
+                     tuple(module.weight.shape))
             q = int8[name]
         out[name] = q
     return out

@@ -4,7 +4,8 @@ On CPUs without native bf16 arithmetic (AVX2 machines), torch's bf16 matmul cost
 with the number of rows, which makes verifying K drafts cost about K decode steps. The kernel in
 ``bf16_gemv.cpp`` reads each weight row once for up to 16 input rows. ``int8_linear.cpp`` does the
 same for int8 weights with per-row int8 activations and int32 accumulation (AMX, AVX-512 VNNI and
-AVX2 paths, chosen by CPU feature and a quick measurement; see ``int8_linear``); ``attention.cpp``
+AVX2 paths, chosen by CPU feature and a quick measurement; see ``int8_linear``); ``int4_linear.cpp``
+a draft's int4 weights (``PackedInt4Linear``); ``attention.cpp``
 computes the attention of a few rows row by row, so no row's bits depend on the others, and
 ``prompt_attention.cpp`` a prompt's on AMX bf16 tiles at about fp32's accuracy. The extension is
 compiled on first use (about a minute, cached by torch in ~/.cache/torch_extensions); if that fails,
@@ -27,7 +28,8 @@ import torch.nn.functional as F
 log = logging.getLogger(__name__)
 
 MAX_ROWS = 16
-SOURCES = ("attention.cpp", "bf16_gemv.cpp", "int8_linear.cpp", "layers.cpp", "module.cpp", "prompt_attention.cpp")
+SOURCES = ("attention.cpp", "bf16_gemv.cpp", "int4_linear.cpp", "int8_linear.cpp", "layers.cpp", "module.cpp",
+           "prompt_attention.cpp")
 _state: dict[str, object] = {}
 
 
@@ -93,14 +95,18 @@ def _digest(*patterns: str) -> str:
 def runtime() -> str:
     """What this process's arithmetic runs on, for keys of measured costs: a digest of the kernels' sources
     (or "torch" without them), the switches that change which code runs, and the int8 paths chosen per
-    row count once they have been (a verification pass on VNNI instead of AMX tiles costs twice as much)."""
+    row count once they have been (a verification pass on VNNI instead of AMX tiles costs twice as much),
+    and the int4 draft path once chosen."""
     if _load() is None:
         return "torch"
     digest = _state.get("sources") or _state.setdefault("sources", _digest("*.cpp", "*.h", "*.py"))
     switches = ",".join(f"{name}={os.environ.get(name, '')}" for name in ("VERISPEC_FUSED_LAYERS", "VERISPEC_INT8_PATH",
-                                                                           "VERISPEC_TILE_ATTENTION"))
+                                                                           "VERISPEC_TILE_ATTENTION",
+                                                                           "VERISPEC_INT4_PATH"))
     table = _state.get("int8_table")
-    return f"{digest};{switches}" + (f";int8={','.join(table)}" if table else "")  # type: ignore[arg-type]
+    int4 = _state.get("int4_path")
+    return (f"{digest};{switches}" + (f";int8={','.join(table)}" if table else "")  # type: ignore[arg-type]
+            + (f";int4={int4}" if int4 else ""))
 
 
 def available() -> bool:
@@ -222,13 +228,17 @@ def fused_layers() -> bool:
 
 def layer_stack(parts: list[torch.nn.Module], config) -> object | None:
     """A compiled ``LayerStack`` over decoder layers given as [attn_norm, mlp_norm, qkv, o, gate_up, down]
-    per layer, or None when a matrix is neither a float ``Linear`` nor an ``Int8Linear``."""
+    per layer, or None when a matrix is none of a float ``Linear``, an ``Int8Linear`` and a
+    ``PackedInt4Linear``."""
     empty = torch.empty(0)
 
     def product(module: torch.nn.Module) -> list[torch.Tensor] | None:
         """[weight, scale, row sums, bias] as layers.cpp reads one matrix (empty where there is none)."""
         if isinstance(module, Int8Linear):
             tensors = [module.weight, module.scale, module.row_sums]
+        elif isinstance(module, PackedInt4Linear):
+            int4_path()  # chosen once, before the first product
+            tensors = [module.packed, module.groups, empty]
         elif type(module) in (Linear, torch.nn.Linear):
             tensors = [module.weight, empty, empty]
         else:
@@ -400,24 +410,32 @@ def int8_accumulate(q: torch.Tensor, weight: torch.Tensor, row_sums: torch.Tenso
     return module.int8_accumulate(q, weight, row_sums, path)
 
 
+def choose_path(variable: str, paths: tuple[str, ...], what: str,
+                measure: Callable[[tuple[str, ...]], dict[str, float]]) -> str:
+    """The path the environment ``variable`` fixes (refused unless it is one of ``paths``), the only one, or
+    the fastest by ``measure(paths)`` (median seconds by path; logged)."""
+    forced = os.environ.get(variable)
+    if forced:
+        if forced not in paths:
+            from verispec.errors import VerispecError
+
+            raise VerispecError(f"{variable}={forced} is not one of this machine's {what} paths: {', '.join(paths)}")
+        return forced
+    if len(paths) == 1:
+        return paths[0]
+    timings = measure(paths)
+    chosen = min(timings, key=timings.__getitem__)
+    log.info("%s path: %s (%s)", what, chosen, ", ".join(f"{p} {t * 1e3:.2f} ms" for p, t in timings.items()))
+    return chosen
+
+
 def few_row_path() -> str:
     """The int8 path for at most ``INVARIANT_ROWS`` rows: ``VERISPEC_INT8_PATH`` if set, else the fastest of
     this CPU's paths on a decode-sized product, measured once per process. Every path gives the same
     integers, so the choice changes speed only, never a result."""
     if "int8_path" in _state:
         return _state["int8_path"]  # type: ignore[return-value]
-    paths = int8_paths()
-    forced = os.environ.get("VERISPEC_INT8_PATH")
-    if forced:
-        if forced not in paths:
-            from verispec.errors import VerispecError
-
-            raise VerispecError(f"VERISPEC_INT8_PATH={forced} is not one of this machine's int8 paths: "
-                                f"{', '.join(paths)}")
-        chosen = forced
-    elif len(paths) == 1:
-        chosen = paths[0]
-    else:
+    def measure(paths: tuple[str, ...]) -> dict[str, float]:
         timings = measure_int8_paths(paths)
         close = tuple(p for p in paths if timings[p] <= 2 * min(timings.values()))
         if len(close) > 1:
@@ -425,8 +443,9 @@ def few_row_path() -> str:
             # turn (AVX2-only EPYC: rows 0.81 ms against packed 0.91 in cache, packed 1.6-2x faster
             # streamed). The close ones again over matrices that overflow the last-level cache.
             timings = measure_int8_paths(close, matrices=stream_matrices())
-        chosen = min(timings, key=timings.get)
-        log.info("int8 path: %s (%s)", chosen, ", ".join(f"{p} {t * 1e3:.2f} ms" for p, t in timings.items()))
+        return timings
+
+    chosen = choose_path("VERISPEC_INT8_PATH", int8_paths(), "int8", measure)
     _state["int8_path"] = chosen
     return chosen
 
@@ -677,6 +696,95 @@ class Int4Linear(torch.nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
+INT4_GROUP = 32  # PackedInt4Linear's group of inputs (int4_linear.cpp's kGroup)
+
+
+def int4_path() -> str:
+    """The path of every ``PackedInt4Linear`` product in this process: "vnni" (AVX-512 VNNI) or "avx2",
+    the faster measured once over the draft-sized products of ``measure_int4_paths`` where the CPU has
+    both (``VERISPEC_INT4_PATH`` fixes one). The two give the same integer sums per group; their fp32
+    sums of groups differ in order only (16 lanes against 2 x 8), which a draft may."""
+    if "int4_path" in _state:
+        return _state["int4_path"]  # type: ignore[return-value]
+    module = _load()
+    if module is None:
+        raise RuntimeError("int4 drafts need the compiled kernels")
+    chosen = choose_path("VERISPEC_INT4_PATH", tuple(module.int4_paths()), "int4",
+                         lambda paths: measure_int4_paths(module, paths))
+    module.set_int4_path(chosen)
+    _state["int4_path"] = chosen
+    return chosen
+
+
+def measure_int4_paths(module, paths: tuple[str, ...], out: int = 3072, inner: int = 576,
+                       repeats: int = 5) -> dict[str, float]:
+    """Median seconds of each int4 path over one row (a draft step), sweeping copies of an [out, inner]
+    matrix that overflow the last-level cache."""
+    first = PackedInt4Linear.from_float(torch.randn(out, inner))
+    copies = stream_matrices(out * inner * 5 // 8)
+    layers = [first] + [PackedInt4Linear(first.packed.clone(), first.groups.clone(), None) for _ in range(copies - 1)]
+    x = torch.randn(1, inner)
+
+    def sweep(path: str) -> Callable[[], object]:
+        def run() -> None:
+            module.set_int4_path(path)
+            for layer in layers:
+                module.int4_linear(x, layer.packed, layer.groups, None)
+        return run
+
+    return interleaved_medians({path: sweep(path) for path in paths}, repeats)
+
+
+class PackedInt4Linear(torch.nn.Module):
+    """A draft's int4 weights in ``int4_linear.cpp``'s packed layout: asymmetric, a bf16 (scale, low) pair
+    per group of ``INT4_GROUP`` inputs (w ~ scale * u + low, u in 0..15), int8 activations per row, integer
+    sums within a group. Reads 0.625 bytes a weight against int8's 1. For drafts only (int4 changes the
+    model); each row is computed alone all the same."""
+
+    def __init__(self, packed: torch.Tensor, groups: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.register_buffer("packed", packed)
+        self.register_buffer("groups", groups)
+        self.register_buffer("bias", None if bias is None else bias.float())
+        self.out_features, self.in_features = packed.shape[0] * 16, packed.shape[1] * 8
+
+    @staticmethod
+    def supports(weight: torch.Tensor) -> bool:
+        out, inner = weight.shape
+        return out % 16 == 0 and inner % INT4_GROUP == 0
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> "PackedInt4Linear | None":
+        """None when the shape does not fit the packing (outputs in sixteens, inputs in groups of 32)."""
+        if not cls.supports(weight):
+            return None
+        out, inner = weight.shape
+        w = weight.float().view(out, inner // INT4_GROUP, INT4_GROUP)
+        low, high = w.amin(dim=-1, keepdim=True), w.amax(dim=-1, keepdim=True)
+        # the pair the kernel reads (bf16), and u fitted to those rounded values
+        scale = ((high - low) / 15).clamp(min=1e-8).bfloat16().float()
+        low = low.bfloat16().float()
+        u = torch.round((w - low) / scale).clamp(0, 15).to(torch.uint8).view(out // 16, 16, inner // 8, 2, 4)
+        packed = (u[:, :, :, 0] | (u[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()  # [O/16, I/8, 16, 4]
+        pair = torch.stack([scale.view(out // 16, 16, -1), low.view(out // 16, 16, -1)], dim=2)  # [O/16, 16, 2, G]
+        groups = pair.permute(0, 3, 2, 1).to(torch.bfloat16).contiguous()  # [O/16, I/32, 2, 16]
+        return cls(packed, groups, bias)
+
+    def dense(self) -> torch.Tensor:
+        """The fp32 weights these stand for (scale * u + low), for references and tests."""
+        blocks, steps = self.packed.shape[:2]
+        nib = torch.stack([self.packed & 15, self.packed >> 4], dim=3)  # [O/16, I/8, 16, 2, 4]
+        u = nib.permute(0, 2, 1, 3, 4).reshape(self.out_features, self.in_features).float()
+        pair = self.groups.float().permute(0, 3, 2, 1).reshape(self.out_features, 2, -1)  # [O, 2, I/32]
+        scale = pair[:, 0].repeat_interleave(INT4_GROUP, dim=1)
+        low = pair[:, 1].repeat_interleave(INT4_GROUP, dim=1)
+        return scale * u + low
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        int4_path()
+        return _load().int4_linear(x, self.packed, self.groups, self.bias)
+
+
 def dense_weight(module: torch.nn.Module) -> torch.Tensor:
-    """A linear layer's [O, I] weights as floats, whether it is float or int8."""
-    return module.dense() if isinstance(module, Int8Linear) else module.weight
+    """A linear layer's [O, I] weights as floats, whether it is float, int8 or packed int4."""
+    return module.dense() if isinstance(module, (Int8Linear, PackedInt4Linear)) else module.weight

@@ -17,6 +17,7 @@ torch::Tensor causal_attention(torch::Tensor q, torch::Tensor keys, torch::Tenso
 torch::Tensor prompt_attention(torch::Tensor q, torch::Tensor keys, torch::Tensor values, int64_t start);
 bool prompt_attention_supported(int64_t head_dim);
 torch::Tensor bf16_linear(torch::Tensor x, torch::Tensor w);
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor groups, c10::optional<torch::Tensor> bias);
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps);
 torch::Tensor silu_mul(torch::Tensor gate_up);
 torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
@@ -35,11 +36,12 @@ c10::optional<torch::Tensor> maybe(const torch::Tensor& t) {
 
 // One matrix product, as kernels.linear / Int8Linear.forward compute it.
 struct Projection {
-  torch::Tensor weight, scale, sums, bias;  // scale and sums: int8 weights only; bias may be undefined
+  torch::Tensor weight, scale, sums, bias;  // int8: scale, sums; packed int4 (uint8): scale = groups; bias may be undefined
 
   // ``widen``: a prompt's bf16 product in fp32 on weights widened for the call (kernels.prompt_linear).
   torch::Tensor operator()(const torch::Tensor& x, const std::string& path, bool widen) const {
     if (weight.scalar_type() == torch::kInt8) return int8_linear(x, weight, scale, sums, maybe(bias), path);
+    if (weight.scalar_type() == torch::kUInt8) return int4_linear(x, weight, scale, maybe(bias));  // a draft's
     const int64_t rows = x.numel() / x.size(-1);
     if (weight.scalar_type() == torch::kBFloat16 && rows <= kBf16Rows && x.size(-1) % 8 == 0 &&
         weight.is_contiguous()) {

@@ -16,6 +16,9 @@ torch::Tensor int8_linear(torch::Tensor x, torch::Tensor w, torch::Tensor w_scal
 torch::Tensor int8_gate_up_silu(torch::Tensor x, torch::Tensor w, torch::Tensor w_scale, torch::Tensor wsum,
                                 std::string path);
 bool silu_on_tiles(const torch::Tensor& x, const torch::Tensor& w, int64_t out, const std::string& path);
+std::vector<std::string> int4_paths();
+void set_int4_path(const std::string& path);
+torch::Tensor int4_linear(torch::Tensor x, torch::Tensor w, torch::Tensor groups, c10::optional<torch::Tensor> bias);
 void register_layer_stack(pybind11::module& m);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -32,5 +35,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int8_linear", &int8_linear, "int8-weight, int8-activation linear with fp32 rescale");
   m.def("int8_gate_up_silu", &int8_gate_up_silu, "silu(gate) * up of a fused int8 [gate | up] projection");
   m.def("int8_silu_on_tiles", &silu_on_tiles, "whether int8_gate_up_silu applies the silu on AMX tiles");
+  m.def("int4_paths", &int4_paths, "the int4 draft paths this CPU can run");
+  m.def("set_int4_path", &set_int4_path, "the path every later int4_linear call takes");
+  m.def("int4_linear", &int4_linear, "a draft's int4-weight (groups of 32), int8-activation linear");
   register_layer_stack(m);  // LayerStack: a pass through decoder layers in one call
 }
