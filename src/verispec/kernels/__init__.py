@@ -435,6 +435,7 @@ def few_row_path() -> str:
     integers, so the choice changes speed only, never a result."""
     if "int8_path" in _state:
         return _state["int8_path"]  # type: ignore[return-value]
+
     def measure(paths: tuple[str, ...]) -> dict[str, float]:
         timings = measure_int8_paths(paths)
         close = tuple(p for p in paths if timings[p] <= 2 * min(timings.values()))
@@ -766,13 +767,12 @@ class PackedInt4Linear(torch.nn.Module):
         low = low.bfloat16().float()
         u = torch.round((w - low) / scale).clamp(0, 15).to(torch.uint8).view(out // 16, 16, inner // 8, 2, 4)
         packed = (u[:, :, :, 0] | (u[:, :, :, 1] << 4)).permute(0, 2, 1, 3).contiguous()  # [O/16, I/8, 16, 4]
-        pair = torch.stack([scale.view(out // 16, 16, -1), low.view(out // 16, 16, -1)], dim=2)  # [O/16, 16, 2, G]
+        pair = torch.stack([scale.view(out // 16, 16, -1), low.view(out // 16, 16, -1)], dim=2)  # [O/16, 16, 2, I/32]
         groups = pair.permute(0, 3, 2, 1).to(torch.bfloat16).contiguous()  # [O/16, I/32, 2, 16]
         return cls(packed, groups, bias)
 
     def dense(self) -> torch.Tensor:
         """The fp32 weights these stand for (scale * u + low), for references and tests."""
-        blocks, steps = self.packed.shape[:2]
         nib = torch.stack([self.packed & 15, self.packed >> 4], dim=3)  # [O/16, I/8, 16, 2, 4]
         u = nib.permute(0, 2, 1, 3, 4).reshape(self.out_features, self.in_features).float()
         pair = self.groups.float().permute(0, 3, 2, 1).reshape(self.out_features, 2, -1)  # [O, 2, I/32]
