@@ -173,9 +173,10 @@ def _reference_attention(q, keys, values, start):
 
 @pytest.mark.parametrize("head_dim", [64, 20, 128])
 @pytest.mark.parametrize("start", [0, 5, 37])
-def test_attention_rows_match_float64_and_do_not_depend_on_the_batch(head_dim, start):
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (7, 1), (4, 4)])  # query heads per KV head: 3, 7 (3 + 3 + 1), 1
+def test_attention_rows_match_float64_and_do_not_depend_on_the_batch(head_dim, start, heads, kv_heads):
     g = torch.Generator().manual_seed(head_dim + start)
-    H, KV, T = 6, 2, 13
+    H, KV, T = heads, kv_heads, 13
     q = torch.randn(H, T, head_dim, generator=g) * 0.4
     keys, values = torch.randn(KV, start + T + 3, head_dim, generator=g), torch.randn(KV, start + T + 3, head_dim, generator=g)
     module = kernels._load()

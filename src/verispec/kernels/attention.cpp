@@ -9,6 +9,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -61,29 +62,56 @@ inline float exp_shifted(float* w, int64_t n) {
 }
 
 // out[0..D) = sum over keys j in order of w[j] * v[j] (one FMA per element per key, in key order),
-// 64 dimensions at a time held in registers.
-inline void weighted_sum(const float* w, const float* v, int64_t n, int64_t D, float* out) {
+// 64 dimensions at a time held in registers; value rows ``stride`` floats apart.
+inline void weighted_sum(const float* w, const float* v, int64_t n, int64_t D, float* out, int64_t stride) {
   int64_t d0 = 0;
   for (; d0 + 64 <= D; d0 += 64) {
     __m256 acc[8];
     for (int c = 0; c < 8; ++c) acc[c] = _mm256_setzero_ps();
     for (int64_t j = 0; j < n; ++j) {
       const __m256 wv = _mm256_set1_ps(w[j]);
-      const float* vj = v + j * D + d0;
+      const float* vj = v + j * stride + d0;
       for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(vj + 8 * c), acc[c]);
     }
     for (int c = 0; c < 8; ++c) _mm256_storeu_ps(out + d0 + 8 * c, acc[c]);
   }
   for (; d0 + 8 <= D; d0 += 8) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(v + j * D + d0), acc);
+    for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(v + j * stride + d0), acc);
     _mm256_storeu_ps(out + d0, acc);
   }
   for (; d0 < D; ++d0) {
     float acc = 0.f;
-    for (int64_t j = 0; j < n; ++j) acc = std::fma(w[j], v[j * D + d0], acc);
+    for (int64_t j = 0; j < n; ++j) acc = std::fma(w[j], v[j * stride + d0], acc);
     out[d0] = acc;
   }
+}
+
+// weighted_sum for Q queries of one KV head at once, sharing each load of the values: 16 dimensions at a
+// time, every element still one FMA per key in key order from zero, so each query's output has the bits
+// weighted_sum gives it alone.
+template <int Q>
+inline void weighted_sums(const float* const* w, const float* v, int64_t n, int64_t D, float* const* out) {
+  int64_t d0 = 0;
+  for (; d0 + 16 <= D; d0 += 16) {
+    __m256 acc[Q][2];
+    for (int a = 0; a < Q; ++a) acc[a][0] = acc[a][1] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vj = v + j * D + d0;
+      const __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+      for (int a = 0; a < Q; ++a) {
+        const __m256 wv = _mm256_set1_ps(w[a][j]);
+        acc[a][0] = _mm256_fmadd_ps(wv, v0, acc[a][0]);
+        acc[a][1] = _mm256_fmadd_ps(wv, v1, acc[a][1]);
+      }
+    }
+    for (int a = 0; a < Q; ++a) {
+      _mm256_storeu_ps(out[a] + d0, acc[a][0]);
+      _mm256_storeu_ps(out[a] + d0 + 8, acc[a][1]);
+    }
+  }
+  if (d0 < D)
+    for (int a = 0; a < Q; ++a) weighted_sum(w[a], v + d0, n, D - d0, out[a] + d0, D);
 }
 
 }  // namespace
@@ -107,21 +135,38 @@ torch::Tensor causal_attention(torch::Tensor q, torch::Tensor keys, torch::Tenso
   const float* kp = keys.data_ptr<float>();
   const float* vp = values.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, H * T, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> weights(start + T + 8);
+  // One work item: the G query heads that share a KV head, at one row. Keys are scored 8 at a time for
+  // each head in turn while the block is in L1, and the values' loads are shared (weighted_sums): each
+  // (head, row) still gets the operations, in the order, that it gets alone.
+  at::parallel_for(0, KV * T, 1, [&](int64_t begin, int64_t end) {
+    const int64_t wstride = start + T + 8;  // room for n rounded up to 8 (exp_shifted pads)
+    std::vector<float> weights(G * wstride), inv(G);
     for (int64_t idx = begin; idx < end; ++idx) {
-      const int64_t h = idx / T, t = idx % T, g = h / G, n = start + t + 1;
-      const float* qr = qp + (h * T + t) * D;
+      const int64_t g = idx / T, t = idx % T, n = start + t + 1;
       const float* kh = kp + g * ks;
       const float* vh = vp + g * vs;
       int64_t j = 0;
-      for (; j + 8 <= n; j += 8) dots<8>(qr, kh + j * D, D, weights.data() + j);
-      for (; j < n; ++j) dots<1>(qr, kh + j * D, D, weights.data() + j);
-      const float total = exp_shifted(weights.data(), n);
-      float* orow = op + t * H * D + h * D;
-      weighted_sum(weights.data(), vh, n, D, orow);
-      const float inv = 1.f / total;
-      for (int64_t d = 0; d < D; ++d) orow[d] *= inv;
+      for (; j + 8 <= n; j += 8)
+        for (int64_t a = 0; a < G; ++a)
+          dots<8>(qp + ((g * G + a) * T + t) * D, kh + j * D, D, weights.data() + a * wstride + j);
+      for (; j < n; ++j)
+        for (int64_t a = 0; a < G; ++a)
+          dots<1>(qp + ((g * G + a) * T + t) * D, kh + j * D, D, weights.data() + a * wstride + j);
+      for (int64_t a = 0; a < G; ++a) inv[a] = 1.f / exp_shifted(weights.data() + a * wstride, n);
+      for (int64_t a0 = 0; a0 < G; a0 += 3) {
+        const int q = static_cast<int>(std::min<int64_t>(3, G - a0));
+        const float* w[3];
+        float* rows[3];
+        for (int a = 0; a < q; ++a) {
+          w[a] = weights.data() + (a0 + a) * wstride;
+          rows[a] = op + t * H * D + (g * G + a0 + a) * D;
+        }
+        if (q == 3) weighted_sums<3>(w, vh, n, D, rows);
+        else if (q == 2) weighted_sums<2>(w, vh, n, D, rows);
+        else weighted_sums<1>(w, vh, n, D, rows);
+        for (int a = 0; a < q; ++a)
+          for (int64_t d = 0; d < D; ++d) rows[a][d] *= inv[a0 + a];
+      }
     }
   });
   return out;
