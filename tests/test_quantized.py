@@ -13,6 +13,7 @@ from verispec.errors import VerispecError
 from verispec.models import quantize as quantize_module
 from verispec.models.quantize import cache_path, check_scheme, quantize_model
 from verispec.sampling import SamplingConfig
+from tests.conftest import missing_setup
 from tests.distribution import assert_exercised, chi_square_pvalue, exact_distribution, sample_with_exercise
 from tests.test_bench import data_dir  # noqa: F401  (the fixture)
 from tests.test_speculative import ALPHA
@@ -230,7 +231,8 @@ def test_int4_draft_really_runs_int4():
 def int4_path_restored():
     """Tests below switch the int4 path; the process's chosen one is put back afterwards."""
     if not kernels.available():
-        pytest.skip("the packed int4 kernel needs verispec's compiled kernels")
+        missing_setup("the packed int4 kernel needs verispec's compiled kernels (no AVX2, no compiler, or "
+                      "VERISPEC_KERNELS=0)")
     chosen = kernels.int4_path()
     yield kernels._load()
     kernels._load().set_int4_path(chosen)

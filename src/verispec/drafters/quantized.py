@@ -4,8 +4,9 @@ One checkpoint serves both passes: the draft runs every layer of the target with
 head quantized (int8: per-channel weights with per-row int8 activations, the runtime of
 ``quantize="int8"``; int4: asymmetric weights with a scale and low per group of 32 inputs and int8
 activations, through verispec's packed int4 kernel, which reads 0.625 bytes a weight; without the
-compiled kernels, torch's packed int4 kernel with bf16 activations). The target verifies with its own weights, so the output law stays the target's. The
-quantized copies cost extra memory, reported in the run's settings.
+compiled kernels, torch's packed int4 kernel with bf16 activations). The target verifies with its own
+weights, so the output law stays the target's. The quantized copies cost extra memory, reported in the
+run's settings.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from verispec.drafters.base import DEFAULT_K
 from verispec.drafters.registry import DrafterSpec, Param
 from verispec.drafters.self_speculative import LayerProjections, SwappedMatrices
 from verispec.errors import VerispecError
-from verispec import kernels
-from verispec.kernels import Int4Linear, PackedInt4Linear, dense_weight
+from verispec.kernels import Int4Linear, PackedInt4Linear, available, dense_weight
 from verispec.models.protocol import LayeredModel
 from verispec.models.quantize import MATRICES, int8_bytes, quantized_linears
 
@@ -44,7 +44,7 @@ def _int4_linears(model: Any) -> dict[str, torch.nn.Module]:
     int8 = None
     out: dict[str, torch.nn.Module] = {}
     names = [f"layers.{i}.{m}" for i in range(model.config.num_layers) for m in MATRICES] + ["lm_head"]
-    form = PackedInt4Linear if kernels.available() else Int4Linear
+    form = PackedInt4Linear if available() else Int4Linear
     for name in names:
         module = model.get_submodule(name)
         q = form.from_float(dense_weight(module), module.bias)

@@ -77,7 +77,8 @@ inline void weighted_sum(const float* w, const float* v, int64_t n, int64_t D, f
   }
   for (; d0 + 8 <= D; d0 += 8) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(v + j * stride + d0), acc);
+    for (int64_t j = 0; j < n; ++j)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), _mm256_loadu_ps(v + j * stride + d0), acc);
     _mm256_storeu_ps(out + d0, acc);
   }
   for (; d0 < D; ++d0) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x);
+bool cpu_has_avx512_vnni();  // int8_linear.cpp
 
 namespace {
 
@@ -179,25 +180,19 @@ void channels_avx2(const uint8_t* w, const uint16_t* g, const Rows& x, int64_t r
   }
 }
 
-bool has_vnni512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vnni");
-  return yes;
-}
-
 std::atomic<int> g_int4_vnni{0};  // the path every int4_linear call takes (kernels.int4_path sets it once)
 
 }  // namespace
 
 std::vector<std::string> int4_paths() {
   std::vector<std::string> paths;
-  if (has_vnni512()) paths.push_back("vnni");
+  if (cpu_has_avx512_vnni()) paths.push_back("vnni");
   paths.push_back("avx2");
   return paths;
 }
 
 void set_int4_path(const std::string& path) {
-  TORCH_CHECK(path == "avx2" || (path == "vnni" && has_vnni512()), "int4 path: one of int4_paths(), got ", path);
+  TORCH_CHECK(path == "avx2" || (path == "vnni" && cpu_has_avx512_vnni()), "int4 path: one of int4_paths(), got ", path);
   g_int4_vnni = path == "vnni" ? 1 : 0;
 }
 

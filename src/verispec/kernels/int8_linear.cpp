@@ -819,6 +819,9 @@ std::vector<torch::Tensor> quantize_rows_with(torch::Tensor x, int64_t lanes) {
 
 std::vector<torch::Tensor> quantize_rows(torch::Tensor x) { return quantize_rows_with(x, 16); }
 
+// For the other kernel files (int4_linear.cpp): the CPU check the VNNI paths here use.
+bool cpu_has_avx512_vnni() { return has_vnni(); }
+
 std::vector<std::string> int8_paths() {
   std::vector<std::string> paths;
   if (has_amx()) paths.push_back("amx");

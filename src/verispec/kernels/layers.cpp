@@ -36,7 +36,8 @@ c10::optional<torch::Tensor> maybe(const torch::Tensor& t) {
 
 // One matrix product, as kernels.linear / Int8Linear.forward compute it.
 struct Projection {
-  torch::Tensor weight, scale, sums, bias;  // int8: scale, sums; packed int4 (uint8): scale = groups; bias may be undefined
+  // int8: scale and sums; packed int4 (uint8 weights): scale holds the groups; bias may be undefined
+  torch::Tensor weight, scale, sums, bias;
 
   // ``widen``: a prompt's bf16 product in fp32 on weights widened for the call (kernels.prompt_linear).
   torch::Tensor operator()(const torch::Tensor& x, const std::string& path, bool widen) const {
