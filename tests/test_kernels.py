@@ -32,6 +32,23 @@ def test_bf16_linear_matches_fp32_reference(rows, out_features, in_features):
     assert (got.double() - expected).abs().max() <= 1e-5 * expected.abs().max()
 
 
+@pytest.mark.parametrize("out_features", [1, 7, 29, 200])
+def test_bf16_rows_do_not_depend_on_the_batch_or_on_the_channels_computed_beside_them(out_features):
+    """The kernel computes several channels at once for few rows (and one at a time for more): each row
+    of a batch, and each channel of a product, must come out with the bits it has alone, or a verification
+    pass would not score the tokens plain decoding scores."""
+    g = torch.Generator().manual_seed(out_features)
+    weight = torch.randn(out_features, 40, generator=g).bfloat16()
+    x = torch.randn(kernels.MAX_ROWS, 40, generator=g)
+    module = kernels._load()
+    for rows in range(1, kernels.MAX_ROWS + 1):
+        batch = module.bf16_linear(x[:rows], weight)
+        for r in range(rows):
+            assert torch.equal(module.bf16_linear(x[r:r + 1], weight)[0], batch[r]), (rows, r)
+        alone = torch.cat([module.bf16_linear(x[:rows], weight[o:o + 1]) for o in range(out_features)], dim=1)
+        assert torch.equal(alone, batch), rows
+
+
 @pytest.mark.parametrize("path", ["bf16", "fp32"])
 def test_more_rows_than_the_kernel_takes_fall_back_to_torch(path, monkeypatch):
     weight = torch.randn(32, 16).bfloat16()
